@@ -1,0 +1,24 @@
+"""kvswarm: many drives as one fast, persistent KV-cache tier."""
+
+from kvswarm.errors import (
+    CorruptExtent,
+    DriveError,
+    DriveFull,
+    KVSwarmError,
+    LayoutMismatch,
+    UnalignedBuffer,
+)
+from kvswarm.layout import KVLayout
+from kvswarm.store import KVStore, StoreConfig
+
+__all__ = [
+    "CorruptExtent",
+    "DriveError",
+    "DriveFull",
+    "KVLayout",
+    "KVStore",
+    "KVSwarmError",
+    "LayoutMismatch",
+    "StoreConfig",
+    "UnalignedBuffer",
+]

@@ -1,0 +1,88 @@
+"""Pool of 4 KiB-aligned host buffers that O_DIRECT reads land in directly.
+
+The pool is one anonymous mmap (page-aligned by construction); leases are aligned
+slices of it, viewable as numpy arrays or torch tensors without copies.  On a GPU box
+the whole region can be page-locked once (``cudaHostRegister``) and every lease is
+then DMA-able.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvswarm.allocator import ExtentAllocator
+from kvswarm.errors import KVSwarmError
+from kvswarm.format import ALIGN, align_up
+
+if TYPE_CHECKING:
+    import torch
+
+
+class BufferPoolExhausted(KVSwarmError):
+    """The pool has no aligned run large enough; release leases or grow the pool."""
+
+
+class Lease:
+    """An aligned slice of the pool; release it (or use ``with``) when done."""
+
+    __slots__ = ("pool", "offset", "nbytes", "view", "_released")
+
+    def __init__(self, pool: BufferPool, offset: int, nbytes: int) -> None:
+        self.pool = pool
+        self.offset = offset
+        self.nbytes = nbytes
+        self.view = pool.view[offset:offset + nbytes]
+        self._released = False
+
+    def numpy(self, dtype: np.dtype | str = np.uint8, offset: int = 0, count: int = -1) -> np.ndarray:
+        return np.frombuffer(self.view, dtype=dtype, count=count, offset=offset)
+
+    def torch(self, dtype: torch.dtype | None = None, offset: int = 0, count: int = -1) -> torch.Tensor:
+        import torch
+
+        return torch.frombuffer(self.view, dtype=dtype or torch.uint8, count=count, offset=offset)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.view.release()
+            self.pool._alloc.release(self.offset, self.nbytes)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class BufferPool:
+    def __init__(self, capacity: int) -> None:
+        capacity = align_up(max(capacity, ALIGN))
+        self._mmap = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.view = memoryview(self._mmap)
+        self._alloc = ExtentAllocator(capacity)
+
+    @property
+    def capacity(self) -> int:
+        return self._alloc.capacity
+
+    @property
+    def in_use(self) -> int:
+        return self._alloc.used
+
+    def lease(self, nbytes: int) -> Lease:
+        nbytes = align_up(max(nbytes, 1))
+        off = self._alloc.alloc(nbytes)
+        if off is None:
+            raise BufferPoolExhausted(
+                f"buffer pool of {self.capacity} B cannot lease {nbytes} B ({self.in_use} B in use)")
+        return Lease(self, off, nbytes)
+
+    def address(self) -> int:
+        """Base address of the region (for cudaHostRegister / GPUDirect registration)."""
+        import ctypes
+
+        return ctypes.addressof(ctypes.c_char.from_buffer(self._mmap))

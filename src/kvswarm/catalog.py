@@ -1,0 +1,243 @@
+"""Catalog: key digest -> extents, persisted as an append-only journal plus checkpoints.
+
+Durability contract: records are appended (in memory, then to the journal file) only
+after the object's data writes completed; :meth:`Catalog.sync` fsyncs the journal.
+A checkpoint is written to a temporary file, fsynced and renamed over the old one, and
+carries the *epoch* of the journal that continues it, so a crash between checkpoint and
+journal reset never replays stale records.  Torn journal tails fail their checksum and
+end the replay.  See docs/format.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from kvswarm.errors import KVSwarmError
+
+JOURNAL = "catalog.journal"
+CHECKPOINT = "catalog.ckpt"
+_JHDR = struct.Struct("<8sQ")  # magic, epoch
+_J_MAGIC = b"KVSWJRN1"
+_C_MAGIC = b"KVSWCKP1"
+_CHDR = struct.Struct("<8sQQQQ")  # magic, epoch (of the journal that follows), next generation, rows, xxh64(body)
+_REC = struct.Struct("<IB16sQIH")  # record length, op, digest, generation, payload length, extent count
+_EXT = struct.Struct("<HQIQ")  # drive, offset, length, payload checksum
+_CRC = struct.Struct("<I")
+OP_PUT, OP_DEL = 1, 2
+
+# One checkpoint row per extent.
+CKPT_DTYPE = np.dtype([("digest", "S16"), ("generation", "<u8"), ("payload_len", "<u4"), ("part", "<u2"),
+                       ("parts", "<u2"), ("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
+
+Extent = tuple[int, int, int, int]  # drive, offset, length on disk, payload checksum
+
+
+@dataclass(slots=True)
+class Entry:
+    generation: int
+    payload_len: int
+    extents: tuple[Extent, ...]
+
+
+class CatalogCorrupt(KVSwarmError):
+    """The checkpoint file fails its checksum (the journal alone cannot rebuild it)."""
+
+
+def _encode(op: int, digest: bytes, e: Entry | None) -> bytes:
+    exts = e.extents if e else ()
+    body = _REC.pack(0, op, digest, e.generation if e else 0, e.payload_len if e else 0, len(exts))
+    body += b"".join(_EXT.pack(*x) for x in exts)
+    body = struct.pack("<I", len(body) + _CRC.size) + body[4:]
+    return body + _CRC.pack(xxhash.xxh32_intdigest(body))
+
+
+class Catalog:
+    def __init__(self, meta_dir: str, checkpoint_every: int = 500_000) -> None:
+        self.meta_dir = meta_dir
+        self.checkpoint_every = checkpoint_every
+        self.entries: dict[bytes, Entry] = {}
+        self.next_generation = 1
+        self.epoch = 0
+        self.replayed = 0
+        self.torn_tail = False
+        self._pending: list[bytes] = []
+        self._records_since_ckpt = 0
+        self._lock = threading.Lock()
+        self._load()
+        self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.meta_dir, name)
+
+    # ---- recovery ------------------------------------------------------------------
+    def _load(self) -> None:
+        os.makedirs(self.meta_dir, exist_ok=True)
+        ck = self._path(CHECKPOINT)
+        if os.path.exists(ck):
+            self._load_checkpoint(ck)
+        jp = self._path(JOURNAL)
+        if os.path.exists(jp):
+            with open(jp, "rb") as f:
+                data = f.read()
+            if len(data) >= _JHDR.size and _JHDR.unpack_from(data)[0] == _J_MAGIC \
+                    and _JHDR.unpack_from(data)[1] == self.epoch:
+                self._replay(data)
+                return
+        self._reset_journal()
+
+    def _load_checkpoint(self, path: str) -> None:
+        with open(path, "rb") as f:
+            head = f.read(_CHDR.size)
+            body = f.read()
+        magic, epoch, next_gen, rows, csum = _CHDR.unpack(head)
+        if magic != _C_MAGIC or len(body) != rows * CKPT_DTYPE.itemsize or xxhash.xxh64_intdigest(body) != csum:
+            raise CatalogCorrupt(f"checkpoint {path} is corrupt")
+        self.epoch, self.next_generation = epoch, next_gen
+        arr = np.frombuffer(body, CKPT_DTYPE)
+        if not rows:
+            return
+        # Rows are grouped by object (parts in order), so an object starts where part == 0.
+        starts = np.flatnonzero(arr["part"] == 0)
+        digests = arr["digest"].tolist()
+        gens = arr["generation"].tolist()
+        plens = arr["payload_len"].tolist()
+        exts = list(zip(arr["drive"].tolist(), arr["offset"].tolist(), arr["length"].tolist(),
+                        arr["csum"].tolist()))
+        bounds = starts.tolist() + [rows]
+        entries = self.entries
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            entries[digests[a].ljust(16, b"\0")] = Entry(gens[a], plens[a], tuple(exts[a:b]))
+
+    def _replay(self, data: bytes) -> None:
+        pos, n = _JHDR.size, len(data)
+        entries = self.entries
+        while pos + _REC.size + _CRC.size <= n:
+            ln = struct.unpack_from("<I", data, pos)[0]
+            if ln < _REC.size + _CRC.size or pos + ln > n:
+                break
+            rec = data[pos:pos + ln]
+            if xxhash.xxh32_intdigest(rec[:-4]) != _CRC.unpack_from(rec, ln - 4)[0]:
+                break
+            _, op, digest, gen, plen, nex = _REC.unpack_from(rec)
+            if op == OP_PUT:
+                exts = tuple(_EXT.unpack_from(rec, _REC.size + i * _EXT.size) for i in range(nex))
+                entries[digest] = Entry(gen, plen, exts)
+                self.next_generation = max(self.next_generation, gen + 1)
+            elif op == OP_DEL:
+                entries.pop(digest, None)
+            pos += ln
+            self.replayed += 1
+        self.torn_tail = pos != n
+        if self.torn_tail:
+            # Cut the torn record off so that later appends follow a valid one.
+            with open(self._path(JOURNAL), "r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+        self._records_since_ckpt = self.replayed
+
+    def _reset_journal(self) -> None:
+        tmp = self._path(JOURNAL + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(_JHDR.pack(_J_MAGIC, self.epoch))
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path(JOURNAL))
+        self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.meta_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ---- mutations -----------------------------------------------------------------
+    def new_generation(self) -> int:
+        with self._lock:
+            g = self.next_generation
+            self.next_generation += 1
+            return g
+
+    def put(self, digest: bytes, entry: Entry) -> Entry | None:
+        """Record ``entry``; returns the entry it replaces (whose extents the caller frees)."""
+        with self._lock:
+            old = self.entries.get(digest)
+            if old is not None and old.generation > entry.generation:
+                return entry  # a newer write won the race: the caller frees this one
+            self.entries[digest] = entry
+            self._append(_encode(OP_PUT, digest, entry))
+            return old
+
+    def delete(self, digest: bytes) -> Entry | None:
+        with self._lock:
+            old = self.entries.pop(digest, None)
+            if old is not None:
+                self._append(_encode(OP_DEL, digest, None))
+            return old
+
+    def get(self, digest: bytes) -> Entry | None:
+        return self.entries.get(digest)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[tuple[bytes, Entry]]:
+        return iter(list(self.entries.items()))
+
+    def _append(self, rec: bytes) -> None:
+        self._pending.append(rec)
+        self._records_since_ckpt += 1
+        if len(self._pending) >= 4096:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        if self._pending:
+            os.write(self._jfd, b"".join(self._pending))
+            self._pending.clear()
+
+    def sync(self) -> None:
+        """Make every record appended so far durable (the caller synced the data first)."""
+        with self._lock:
+            self._write_pending()
+            os.fsync(self._jfd)
+            due = self._records_since_ckpt >= self.checkpoint_every
+        if due:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Write the whole catalog as one checkpoint and start a fresh journal epoch."""
+        with self._lock:
+            self._write_pending()
+            rows = sum(len(e.extents) for e in self.entries.values())
+            arr = np.empty(rows, CKPT_DTYPE)
+            i = 0
+            for digest, e in self.entries.items():
+                for part, (drv, off, ln, cs) in enumerate(e.extents):
+                    arr[i] = (digest, e.generation, e.payload_len, part, len(e.extents), drv, off, ln, cs)
+                    i += 1
+            body = arr.tobytes()
+            epoch = self.epoch + 1
+            tmp = self._path(CHECKPOINT + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(_CHDR.pack(_C_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
+                f.write(body)
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(CHECKPOINT))
+            self._fsync_dir()
+            self.epoch = epoch
+            os.close(self._jfd)
+            self._reset_journal()
+            self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
+            self._records_since_ckpt = 0
+
+    def close(self) -> None:
+        if self._jfd >= 0:
+            self.sync()
+            os.close(self._jfd)
+            self._jfd = -1

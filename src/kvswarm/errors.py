@@ -1,0 +1,25 @@
+"""Exceptions raised by kvswarm; every failure a caller can act on has its own type."""
+
+
+class KVSwarmError(Exception):
+    """Base class of kvswarm errors."""
+
+
+class DriveError(KVSwarmError):
+    """A drive path is missing, not writable, of the wrong kind, or failed an I/O."""
+
+
+class DriveFull(DriveError):
+    """No drive has room for an object (ENOSPC on the pool)."""
+
+
+class UnalignedBuffer(KVSwarmError, ValueError):
+    """A buffer, offset or length breaks the 4 KiB O_DIRECT alignment rules."""
+
+
+class CorruptExtent(KVSwarmError):
+    """An extent's header or checksum does not match: the read is a miss, never data."""
+
+
+class LayoutMismatch(KVSwarmError, ValueError):
+    """Stored KV was written for another model or KV layout; it must never be served."""

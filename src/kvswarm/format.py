@@ -1,0 +1,73 @@
+"""On-disk extent format (see docs/format.md).
+
+An extent is one 4 KiB-aligned run on a drive: a 64-byte header, then the payload,
+then zero padding up to the next 4 KiB boundary.  The header is self-describing so
+that a read can be verified without trusting the catalog.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+ALIGN = 4096
+HEADER_SIZE = 64
+MAGIC = 0x4B565357  # "KVSW"
+VERSION = 1
+
+# magic u32, version u16, flags u16, key digest 16s, payload length u32, part u16,
+# parts u16, generation u64, payload xxh3-64 u64, reserved 8s, header xxh32 u32, pad 4s
+_HEADER = struct.Struct("<IHH16sIHHQQ8sI4x")
+assert _HEADER.size == HEADER_SIZE
+
+
+def align_up(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+def extent_size(payload_len: int) -> int:
+    """Bytes an extent holding ``payload_len`` payload bytes takes on disk."""
+    return align_up(HEADER_SIZE + payload_len)
+
+
+def max_payload(extent_bytes: int) -> int:
+    """Largest payload that fits an extent of ``extent_bytes`` (a multiple of 4 KiB)."""
+    return extent_bytes - HEADER_SIZE
+
+
+def key_digest(key: bytes) -> bytes:
+    """16-byte digest that identifies a key in headers and the catalog."""
+    return xxhash.xxh3_128_digest(key)
+
+
+def payload_checksum(payload) -> int:
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtentHeader:
+    digest: bytes
+    payload_len: int
+    part: int
+    parts: int
+    generation: int
+    checksum: int
+
+
+def pack_header(buf, h: ExtentHeader) -> None:
+    """Write ``h`` into the first 64 bytes of ``buf``."""
+    body = _HEADER.pack(MAGIC, VERSION, 0, h.digest, h.payload_len, h.part, h.parts,
+                        h.generation, h.checksum, b"\0" * 8, 0)
+    hcrc = xxhash.xxh32_intdigest(body[:52])
+    buf[:HEADER_SIZE] = body[:52] + struct.pack("<I", hcrc) + body[56:]
+
+
+def unpack_header(buf) -> ExtentHeader | None:
+    """Parse and self-check a header; ``None`` when it is not a valid kvswarm header."""
+    raw = bytes(buf[:HEADER_SIZE])
+    magic, version, _flags, digest, plen, part, parts, gen, csum, _res, hcrc = _HEADER.unpack(raw)
+    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:52]) != hcrc:
+        return None
+    return ExtentHeader(digest, plen, part, parts, gen, csum)

@@ -1,0 +1,134 @@
+"""The I/O engine contract: submit a batch of requests to many drives, poll for completions.
+
+Requests carry 4 KiB-aligned offsets and buffers (O_DIRECT rules). Each drive has its
+own queue, so drives work in parallel; completion order is not submission order.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+from kvswarm.errors import UnalignedBuffer
+from kvswarm.format import ALIGN
+from kvswarm.metrics import DriveStats
+
+
+class Op(IntEnum):
+    READ = 0
+    WRITE = 1
+
+
+@dataclass(slots=True, eq=False)
+class IORequest:
+    drive: int
+    op: Op
+    offset: int
+    buf: memoryview
+    tag: object = None
+    result: int | None = None  # bytes transferred, or -errno; None while in flight
+    t_submit: float = 0.0
+    batch: Batch | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result == len(self.buf)
+
+
+class Batch:
+    """Requests submitted together; lets many callers share one engine."""
+
+    __slots__ = ("reqs", "remaining")
+
+    def __init__(self, reqs: Sequence[IORequest]) -> None:
+        self.reqs = reqs
+        self.remaining = len(reqs)
+        for r in reqs:
+            r.batch = self
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+
+def check_aligned(req: IORequest) -> None:
+    if req.offset % ALIGN or len(req.buf) % ALIGN or len(req.buf) == 0:
+        raise UnalignedBuffer(f"I/O at offset {req.offset} of {len(req.buf)} B is not 4 KiB-aligned")
+
+
+class IOEngine(abc.ABC):
+    """Per-drive queues over file descriptors registered with :meth:`attach`."""
+
+    name: str = "?"
+
+    def __init__(self, queue_depth: int = 32) -> None:
+        self.queue_depth = queue_depth
+        self.fds: dict[int, int] = {}
+        self.stats: dict[int, DriveStats] = {}
+
+    def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
+        self.fds[drive] = fd
+        self.stats[drive] = stats
+
+    def submit(self, reqs: Sequence[IORequest]) -> Batch:
+        """Queue requests; returns at once. Raises UnalignedBuffer before queueing any."""
+        for r in reqs:
+            check_aligned(r)
+            if r.drive not in self.fds:
+                raise ValueError(f"drive {r.drive} is not attached to this engine")
+        batch = Batch(reqs)
+        if reqs:
+            self._submit(reqs)
+        return batch
+
+    @abc.abstractmethod
+    def _submit(self, reqs: Sequence[IORequest]) -> None:
+        """Backend-specific queueing of already-checked requests."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
+        """Completed requests (result set); waits up to ``timeout`` s (None: until one completes)."""
+
+    @abc.abstractmethod
+    def inflight(self) -> int:
+        """Requests submitted and not yet returned by poll."""
+
+    def wait(self, batch: Batch) -> None:
+        """Drive completions until ``batch`` is done (completions of other batches are accounted too)."""
+        while not batch.done:
+            self.poll(None)
+
+    def run(self, reqs: Sequence[IORequest]) -> None:
+        self.wait(self.submit(reqs))
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need nothing
+        pass
+
+    def _account(self, r: IORequest, now: float) -> None:
+        if r.batch is not None:
+            r.batch.remaining -= 1
+        st = self.stats[r.drive]
+        st.queue_depth -= 1
+        if r.result is not None and r.result >= 0:
+            st.record(r.op, r.result, now - r.t_submit)
+        else:
+            st.errors += 1
+
+
+def make_engine(backend: str, queue_depth: int = 32) -> IOEngine:
+    """``threads`` (os.preadv/pwritev workers) or ``uring`` (io_uring via uring-api)."""
+    if backend == "threads":
+        from kvswarm.io.threads import ThreadEngine
+
+        return ThreadEngine(queue_depth)
+    if backend == "uring":
+        from kvswarm.io.uring import UringEngine
+
+        return UringEngine(queue_depth)
+    raise ValueError(f"unknown I/O backend {backend!r}: use 'threads' or 'uring'")
+
+
+now = time.perf_counter

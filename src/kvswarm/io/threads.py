@@ -1,0 +1,103 @@
+"""Worker-thread backend: per-drive workers issue os.preadv/pwritev on batches.
+
+A submit hands each drive's share of a batch to that drive's workers as a few chunks,
+never one future per small I/O (that caps near 20k IOPS in CPython).  Workers release
+the GIL inside each syscall, so drives and chunks proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+
+from kvswarm.io.base import IOEngine, IORequest, Op, now
+from kvswarm.metrics import DriveStats
+
+
+class ThreadEngine(IOEngine):
+    name = "threads"
+
+    def __init__(self, queue_depth: int = 32, workers_per_drive: int = 4) -> None:
+        super().__init__(queue_depth)
+        self.workers_per_drive = workers_per_drive
+        self._queues: dict[int, queue.SimpleQueue] = {}
+        self._threads: list[threading.Thread] = []
+        self._done: queue.SimpleQueue[list[IORequest]] = queue.SimpleQueue()
+        self._inflight = 0
+        self._lock = threading.Lock()
+
+    def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
+        super().attach(drive, fd, stats)
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues[drive] = q
+        for _ in range(self.workers_per_drive):
+            t = threading.Thread(target=self._worker, args=(q,), daemon=True, name=f"kvswarm-io-{drive}")
+            t.start()
+            self._threads.append(t)
+
+    def _worker(self, q: queue.SimpleQueue) -> None:
+        preadv, pwritev = os.preadv, os.pwritev
+        while True:
+            chunk = q.get()
+            if chunk is None:
+                return
+            for r in chunk:
+                try:
+                    fd = self.fds[r.drive]
+                    if r.op == Op.READ:
+                        r.result = preadv(fd, [r.buf], r.offset)
+                    else:
+                        r.result = pwritev(fd, [r.buf], r.offset)
+                except OSError as e:
+                    r.result = -(e.errno or 5)
+            self._done.put(chunk)
+
+    def _submit(self, reqs: Sequence[IORequest]) -> None:
+        by_drive: defaultdict[int, list[IORequest]] = defaultdict(list)
+        t = now()
+        for r in reqs:
+            r.t_submit = t
+            r.result = None
+            by_drive[r.drive].append(r)
+        with self._lock:
+            self._inflight += len(reqs)
+        for d, rs in by_drive.items():
+            self.stats[d].queue_depth += len(rs)
+            # Split each drive's share so all of its workers (its queue depth) are busy.
+            n = min(self.workers_per_drive, len(rs))
+            step = -(-len(rs) // n)
+            q = self._queues[d]
+            for i in range(0, len(rs), step):
+                q.put(rs[i:i + step])
+
+    def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
+        out: list[IORequest] = []
+        try:
+            if timeout == 0:
+                out.extend(self._done.get_nowait())
+            else:
+                out.extend(self._done.get(timeout=timeout))
+            while True:
+                out.extend(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        t = now()
+        with self._lock:
+            self._inflight -= len(out)
+            for r in out:
+                self._account(r, t)
+        return out
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def close(self) -> None:
+        for q in self._queues.values():
+            for _ in range(self.workers_per_drive):
+                q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+        self._threads.clear()

@@ -1,0 +1,83 @@
+"""Placement strategies: which drive each extent of an object goes to.
+
+The store asks a strategy for one drive per extent; the co-activation strategy of the
+Swarm core plugs in through the same interface (using ``hint``, e.g. a cluster id).
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+
+@dataclass(frozen=True, slots=True)
+class DriveView:
+    """What a strategy may know of a drive."""
+
+    index: int
+    free_bytes: int
+    healthy: bool
+    kind: str = "ssd"
+
+
+class PlacementStrategy(abc.ABC):
+    name: str = "?"
+
+    @abc.abstractmethod
+    def place(self, digest: bytes, parts: int, drives: Sequence[DriveView], hint: object = None) -> list[int]:
+        """One drive index per part, chosen among ``drives`` (all healthy, all with room)."""
+
+
+class RoundRobinStriping(PlacementStrategy):
+    """RAID-0-like: consecutive extents, and consecutive objects, go to consecutive drives."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._next = itertools.count()
+
+    def place(self, digest, parts, drives, hint=None):
+        start = next(self._next)
+        return [drives[(start + i) % len(drives)].index for i in range(parts)]
+
+
+class HashPlacement(PlacementStrategy):
+    """Stateless: an extent's drive is a hash of its key and part (rendezvous hashing).
+
+    Removing or adding a drive only moves the extents that hashed to it.
+    """
+
+    name = "hash"
+
+    def place(self, digest, parts, drives, hint=None):
+        out = []
+        for part in range(parts):
+            salt = digest + part.to_bytes(2, "little")
+            best = max(drives, key=lambda d: xxhash.xxh3_64_intdigest(salt + d.index.to_bytes(2, "little")))
+            out.append(best.index)
+        return out
+
+
+_STRATEGIES: dict[str, type[PlacementStrategy]] = {
+    RoundRobinStriping.name: RoundRobinStriping,
+    HashPlacement.name: HashPlacement,
+}
+
+
+def register(cls: type[PlacementStrategy]) -> type[PlacementStrategy]:
+    """Make a strategy selectable by name in StoreConfig / CLI."""
+    _STRATEGIES[cls.name] = cls
+    return cls
+
+
+def make_placement(spec: str | PlacementStrategy) -> PlacementStrategy:
+    if isinstance(spec, PlacementStrategy):
+        return spec
+    try:
+        return _STRATEGIES[spec]()
+    except KeyError:
+        raise ValueError(f"unknown placement {spec!r}; one of {sorted(_STRATEGIES)}") from None

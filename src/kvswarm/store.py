@@ -1,0 +1,461 @@
+"""KVStore: objects striped over a set of drives, verified on every read, durable on flush.
+
+Reads and writes are batched and asynchronous: ``submit_get`` / ``submit_put`` return a
+handle at once; ``poll()`` / ``wait()`` on it drive completions.  ``get_many`` and
+``put_many`` are the blocking forms.  A read whose header or checksum does not match
+is a counted miss, never data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvswarm.buffers import BufferPool, Lease
+from kvswarm.catalog import Catalog, Entry
+from kvswarm.drive import Drive, open_drive
+from kvswarm.errors import DriveError, DriveFull, KVSwarmError
+from kvswarm.format import (
+    ALIGN,
+    HEADER_SIZE,
+    ExtentHeader,
+    extent_size,
+    key_digest,
+    pack_header,
+    payload_checksum,
+)
+from kvswarm.io import IOEngine, IORequest, Op, make_engine
+from kvswarm.io.base import Batch
+from kvswarm.metrics import DriveStats, registry_for
+from kvswarm.placement import DriveView, PlacementStrategy, make_placement
+
+log = logging.getLogger(__name__)
+MANIFEST = "store.json"
+GiB = 1 << 30
+
+
+@dataclass
+class StoreConfig:
+    drives: list[str]
+    meta_dir: str | None = None  # catalog + manifest; default: the first drive that is a directory
+    capacity_per_drive: int = 1 * GiB  # size of the data file created in a directory drive
+    backend: str = "threads"  # "threads" or "uring"
+    queue_depth: int = 32  # per drive
+    stripe_unit: int = 1 << 20  # largest extent on disk; bigger objects are split and striped
+    placement: str | PlacementStrategy = "round_robin"
+    buffer_pool_bytes: int = 256 << 20
+    create: bool = True
+    checkpoint_every: int = 500_000
+    drive_kinds: list[str] | None = None  # per drive class (ssd / hdd / remote), default all ssd
+    error_threshold: int = 8  # I/O errors after which a drive is taken out of service
+
+    def __post_init__(self) -> None:
+        if not self.drives:
+            raise ValueError("a store needs at least one drive path")
+        if self.stripe_unit % ALIGN or self.stripe_unit <= HEADER_SIZE:
+            raise ValueError(f"stripe_unit {self.stripe_unit} must be a multiple of 4 KiB")
+        if self.drive_kinds is not None and len(self.drive_kinds) != len(self.drives):
+            raise ValueError("drive_kinds must name one class per drive")
+
+
+@dataclass
+class GetResult:
+    """Payload views for the requested keys (``None`` = miss), backed by one buffer lease.
+
+    Views stay valid until :meth:`release`.  An object made of several extents is
+    returned as a fresh contiguous copy (its parts are not adjacent in the lease).
+    """
+
+    keys: Sequence[bytes]
+    views: list[memoryview | bytes | None]
+    lease: Lease | None
+    misses: int = 0
+    corrupt: int = 0
+
+    def release(self) -> None:
+        if self.lease is not None:
+            for v in self.views:
+                if isinstance(v, memoryview):
+                    v.release()
+            self.lease.release()
+            self.lease = None
+
+    def __enter__(self) -> GetResult:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class _Read:
+    index: int
+    digest: bytes
+    entry: Entry
+    reqs: list[IORequest] = field(default_factory=list)
+
+
+class GetHandle:
+    """A batched read in flight: ``poll()`` is non-blocking, ``wait()`` returns the result."""
+
+    def __init__(self, store: KVStore, keys: Sequence[bytes], reads: list[_Read], batch: Batch,
+                 lease: Lease | None, nkeys: int) -> None:
+        self._store, self._keys, self._reads, self._batch, self._lease = store, keys, reads, batch, lease
+        self._n = nkeys
+        self._result: GetResult | None = None
+
+    def poll(self) -> bool:
+        if not self._batch.done:
+            self._store.engine.poll(0)
+        return self._batch.done
+
+    def wait(self) -> GetResult:
+        if self._result is None:
+            self._store.engine.wait(self._batch)
+            self._result = self._store._finish_get(self._keys, self._reads, self._lease, self._n)
+        return self._result
+
+
+class PutHandle:
+    def __init__(self, store: KVStore, batch: Batch, staged: list) -> None:
+        self._store, self._batch, self._staged = store, batch, staged
+        self._done: list[bool] | None = None
+
+    def poll(self) -> bool:
+        if not self._batch.done:
+            self._store.engine.poll(0)
+        return self._batch.done
+
+    def wait(self) -> list[bool]:
+        """Per item: True when stored (the catalog now points at it)."""
+        if self._done is None:
+            self._store.engine.wait(self._batch)
+            self._done = self._store._finish_put(self._staged)
+        return self._done
+
+
+class KVStore:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
+        if meta is None:
+            raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
+        self.meta_dir = meta
+        os.makedirs(meta, exist_ok=True)
+        self.store_uuid = self._manifest(config)
+        kinds = config.drive_kinds or ["ssd"] * len(config.drives)
+        self.drives: list[Drive] = []
+        try:
+            for i, p in enumerate(config.drives):
+                self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, config.create,
+                                              kinds[i]))
+            t0 = time.perf_counter()
+            self.catalog = Catalog(meta, config.checkpoint_every)
+            self._rebuild_allocators()
+            self.reopen_seconds = time.perf_counter() - t0
+        except BaseException:
+            for d in self.drives:
+                d.close()
+            raise
+        self.engine: IOEngine = make_engine(config.backend, config.queue_depth)
+        for d in self.drives:
+            self.engine.attach(d.index, d.fd, d.stats)
+        self.placement = make_placement(config.placement)
+        self.pool = BufferPool(config.buffer_pool_bytes)
+        self._lock = threading.Lock()
+        self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
+
+    @classmethod
+    def open(cls, drives: Sequence[str], **kw) -> KVStore:
+        return cls(StoreConfig(drives=list(drives), **kw))
+
+    # ---- setup -----------------------------------------------------------------------
+    def _manifest(self, config: StoreConfig) -> bytes:
+        path = os.path.join(self.meta_dir, MANIFEST)
+        drives = [os.path.abspath(p) for p in config.drives]
+        if os.path.exists(path):
+            with open(path) as f:
+                m = json.load(f)
+            if m["drives"] != drives:
+                raise KVSwarmError(f"store at {self.meta_dir} was made with drives {m['drives']}, not {drives}")
+            return bytes.fromhex(m["uuid"])
+        if not config.create:
+            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")
+        m = {"format": 1, "uuid": uuid.uuid4().hex, "drives": drives, "stripe_unit": config.stripe_unit}
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(m, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return bytes.fromhex(m["uuid"])
+
+    def _rebuild_allocators(self) -> None:
+        from kvswarm.allocator import ExtentAllocator
+
+        used: list[list[tuple[int, int]]] = [[] for _ in self.drives]
+        stale: list[bytes] = []
+        for digest, e in self.catalog.entries.items():
+            if any(drv >= len(self.drives) or off + ln > self.drives[drv].capacity for drv, off, ln, _ in e.extents):
+                stale.append(digest)
+                continue
+            for drv, off, ln, _ in e.extents:
+                used[drv].append((off, ln))
+        for digest in stale:
+            self.catalog.delete(digest)
+        for d in self.drives:
+            d.alloc = ExtentAllocator.from_used(d.capacity - d.data_start, used[d.index], start=d.data_start)
+
+    # ---- writes ----------------------------------------------------------------------
+    def _views(self) -> list[DriveView]:
+        return [DriveView(d.index, d.free_bytes, d.healthy, d.kind) for d in self.drives if d.healthy]
+
+    def submit_put(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> PutHandle:
+        """Write ``(key, bytes-like)`` items; returns at once. Raises DriveFull when the pool has no room."""
+        unit = self.config.stripe_unit - HEADER_SIZE
+        staged = []
+        reqs: list[IORequest] = []
+        sizes = []
+        for key, data in items:
+            mv = memoryview(data).cast("B")
+            n = len(mv)
+            parts = max(1, -(-n // unit))
+            sizes.append((mv, n, parts))
+        lease = self.pool.lease(sum(extent_size(min(unit, n - i * unit)) for _, n, parts in sizes
+                                    for i in range(parts)))
+        pos = 0
+        try:
+            for j, ((key, _), (mv, n, parts)) in enumerate(zip(items, sizes)):
+                digest = key_digest(key)
+                gen = self.catalog.new_generation()
+                drives = self._choose(digest, parts, n, hints[j] if hints else None)
+                exts, item_reqs = [], []
+                for part in range(parts):
+                    chunk = mv[part * unit:(part + 1) * unit]
+                    ext_len = extent_size(len(chunk))
+                    buf = lease.view[pos:pos + ext_len]
+                    pos += ext_len
+                    buf[HEADER_SIZE:HEADER_SIZE + len(chunk)] = chunk
+                    buf[HEADER_SIZE + len(chunk):] = bytes(ext_len - HEADER_SIZE - len(chunk))
+                    csum = payload_checksum(chunk)
+                    pack_header(buf, ExtentHeader(digest, n, part, parts, gen, csum))
+                    drv, off = self._alloc(drives[part], ext_len)
+                    exts.append((drv, off, ext_len, csum))
+                    item_reqs.append(IORequest(drv, Op.WRITE, off, buf))
+                staged.append((digest, Entry(gen, n, tuple(exts)), item_reqs))
+                reqs.extend(item_reqs)
+        except BaseException:
+            for _, e, _ in staged:
+                self._free(e)
+            lease.release()
+            raise
+        staged.append(lease)
+        return PutHandle(self, self.engine.submit(reqs), staged)
+
+    def put_many(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> list[bool]:
+        return self.submit_put(items, hints).wait()
+
+    def put(self, key: bytes, data: object, hint: object = None) -> bool:
+        return self.put_many([(key, data)], [hint])[0]
+
+    def _choose(self, digest: bytes, parts: int, nbytes: int, hint: object) -> list[int]:
+        views = [v for v in self._views() if v.free_bytes >= ALIGN]
+        if not views:
+            raise DriveFull("no healthy drive has free space")
+        return self.placement.place(digest, parts, views, hint)
+
+    def _alloc(self, drive: int, nbytes: int) -> tuple[int, int]:
+        """(drive, offset) of a new extent: on the chosen drive, else spilled to the emptiest."""
+        off = self.drives[drive].alloc.alloc(nbytes)
+        if off is not None:
+            return drive, off
+        for d in sorted(self.drives, key=lambda d: -d.free_bytes):
+            if d.healthy and (off := d.alloc.alloc(nbytes)) is not None:
+                return d.index, off
+        raise DriveFull(f"no drive has {nbytes} B free (pool full)")
+
+    def _finish_put(self, staged: list) -> list[bool]:
+        lease = staged.pop()
+        out = []
+        for digest, entry, reqs in staged:
+            ok = all(r.ok for r in reqs)
+            for r in reqs:
+                if not r.ok:
+                    self._io_error(r)
+            if ok:
+                old = self.catalog.put(digest, entry)
+                if old is not None:
+                    self._free(old)
+                self.counters["puts"] += 1
+            else:
+                self._free(entry)
+                self.counters["put_failures"] += 1
+            out.append(ok)
+        lease.release()
+        return out
+
+    def _free(self, e: Entry) -> None:
+        for drv, off, ln, _ in e.extents:
+            self.drives[drv].alloc.release(off, ln)
+
+    # ---- reads -----------------------------------------------------------------------
+    def submit_get(self, keys: Sequence[bytes]) -> GetHandle:
+        reads: list[_Read] = []
+        total = 0
+        get = self.catalog.entries.get
+        for i, key in enumerate(keys):
+            digest = key_digest(key)
+            e = get(digest)
+            if e is not None:
+                reads.append(_Read(i, digest, e))
+                for _, _, ln, _ in e.extents:
+                    total += ln
+        lease = self.pool.lease(total) if total else None
+        reqs: list[IORequest] = []
+        pos = 0
+        drives = self.drives
+        for rd in reads:
+            for drv, off, ln, _ in rd.entry.extents:
+                r = IORequest(drv, Op.READ, off, lease.view[pos:pos + ln])
+                pos += ln
+                rd.reqs.append(r)
+                if drives[drv].healthy:
+                    reqs.append(r)
+                else:
+                    r.result = -5  # EIO: the drive is out of service; a miss, not an error to count
+        return GetHandle(self, keys, reads, self.engine.submit(reqs), lease, len(keys))
+
+    def get_many(self, keys: Sequence[bytes]) -> GetResult:
+        return self.submit_get(keys).wait()
+
+    def get(self, key: bytes) -> bytes | None:
+        """One object as a copy (None on a miss); for hot paths use get_many/submit_get."""
+        with self.get_many([key]) as r:
+            v = r.views[0]
+            return bytes(v) if v is not None else None
+
+    def _finish_get(self, keys: Sequence[bytes], reads: list[_Read], lease: Lease | None, n: int) -> GetResult:
+        views: list[memoryview | bytes | None] = [None] * n
+        corrupt = 0
+        header = _expected_header
+        for rd in reads:
+            e = rd.entry
+            parts = len(e.extents)
+            chunks = []
+            ok = True
+            remaining = e.payload_len
+            for part, (r, (drv, _, ln, csum)) in enumerate(zip(rd.reqs, e.extents)):
+                plen = min(remaining, ln - HEADER_SIZE)
+                remaining -= plen
+                buf = r.buf
+                if r.result != ln:
+                    if r.result is not None and r.result >= 0 or self.drives[drv].healthy:
+                        self._io_error(r)
+                    ok = False
+                    break
+                payload = buf[HEADER_SIZE:HEADER_SIZE + plen]
+                if buf[:HEADER_SIZE] != header(rd.digest, e.payload_len, part, parts, e.generation, csum) \
+                        or payload_checksum(payload) != csum:
+                    self.drives[drv].stats.misses += 1
+                    corrupt += 1
+                    ok = False
+                    break
+                chunks.append(payload)
+            if ok:
+                views[rd.index] = chunks[0] if parts == 1 else b"".join(chunks)
+        hits = sum(v is not None for v in views)
+        self.counters["gets"] += n
+        self.counters["hits"] += hits
+        self.counters["misses"] += n - hits
+        self.counters["corrupt"] += corrupt
+        return GetResult(keys, views, lease, n - hits, corrupt)
+
+    def _io_error(self, r: IORequest) -> None:
+        d = self.drives[r.drive]
+        log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, r.offset, r.result)
+        if d.stats.errors >= self.config.error_threshold:
+            d.fail(f"{d.stats.errors} I/O errors")
+
+    # ---- catalog ---------------------------------------------------------------------
+    def contains(self, key: bytes) -> bool:
+        return key_digest(key) in self.catalog.entries
+
+    def __contains__(self, key: bytes) -> bool:
+        return self.contains(key)
+
+    def __len__(self) -> int:
+        return len(self.catalog)
+
+    def delete(self, key: bytes) -> bool:
+        old = self.catalog.delete(key_digest(key))
+        if old is not None:
+            self._free(old)
+        return old is not None
+
+    def flush(self) -> None:
+        """Everything written before this call survives a crash after it returns."""
+        for d in self.drives:
+            if d.healthy:
+                try:
+                    os.fdatasync(d.fd)
+                except OSError as e:
+                    d.fail(f"fdatasync failed: {e.strerror}")
+        self.catalog.sync()
+
+    def checkpoint(self) -> None:
+        self.flush()
+        self.catalog.checkpoint()
+
+    def close(self) -> None:
+        if getattr(self, "engine", None) is None:
+            return
+        self.engine.close()
+        self.flush()
+        self.catalog.checkpoint()
+        self.catalog.close()
+        for d in self.drives:
+            d.close()
+        self.engine = None  # type: ignore[assignment]
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- health and metrics ------------------------------------------------------------
+    def fail_drive(self, index: int, reason: str = "taken out of service") -> None:
+        """Stop using a drive: its objects become misses, new writes avoid it."""
+        self.drives[index].fail(reason)
+
+    @property
+    def drive_stats(self) -> list[DriveStats]:
+        return [d.stats for d in self.drives]
+
+    def registry(self):
+        """A prometheus CollectorRegistry with this store's per-drive metrics."""
+        return registry_for(self.drive_stats)
+
+    def stats(self) -> dict:
+        return {
+            "objects": len(self.catalog),
+            "counters": dict(self.counters),
+            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "free_bytes": d.free_bytes,
+                                             "capacity": d.capacity, "direct_io": d.direct, "kind": d.kind}
+                       for d in self.drives],
+        }
+
+    def digests(self) -> Iterable[bytes]:
+        return list(self.catalog.entries)
+
+
+def _expected_header(digest: bytes, plen: int, part: int, parts: int, gen: int, csum: int) -> bytes:
+    buf = bytearray(HEADER_SIZE)
+    pack_header(buf, ExtentHeader(digest, plen, part, parts, gen, csum))
+    return bytes(buf)
