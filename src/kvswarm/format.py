@@ -18,9 +18,12 @@ MAGIC = 0x4B565357  # "KVSW"
 VERSION = 1
 
 # magic u32, version u16, flags u16, key digest 16s, payload length u32, part u16,
-# parts u16, generation u64, payload xxh3-64 u64, reserved 8s, header xxh32 u32, pad 4s
+# parts u16, generation u64, payload xxh3-64 u64, reserved 8s | header xxh32 (of bytes 0-55) u32, pad 4s
+_BODY = struct.Struct("<IHH16sIHHQQ8s")
+_TAIL = struct.Struct("<I4x")
 _HEADER = struct.Struct("<IHH16sIHHQQ8sI4x")
-assert _HEADER.size == HEADER_SIZE
+assert _BODY.size + _TAIL.size == _HEADER.size == HEADER_SIZE
+_RESERVED = bytes(8)
 
 
 def align_up(n: int, align: int = ALIGN) -> int:
@@ -56,18 +59,22 @@ class ExtentHeader:
     checksum: int
 
 
+def header_bytes(digest: bytes, payload_len: int, part: int, parts: int, generation: int, checksum: int,
+                 _body=_BODY.pack, _tail=_TAIL.pack, _h32=xxhash.xxh32_intdigest) -> bytes:
+    """The exact 64 header bytes of an extent (the read path compares them byte for byte)."""
+    body = _body(MAGIC, VERSION, 0, digest, payload_len, part, parts, generation, checksum, _RESERVED)
+    return body + _tail(_h32(body))
+
+
 def pack_header(buf, h: ExtentHeader) -> None:
     """Write ``h`` into the first 64 bytes of ``buf``."""
-    body = _HEADER.pack(MAGIC, VERSION, 0, h.digest, h.payload_len, h.part, h.parts,
-                        h.generation, h.checksum, b"\0" * 8, 0)
-    hcrc = xxhash.xxh32_intdigest(body[:52])
-    buf[:HEADER_SIZE] = body[:52] + struct.pack("<I", hcrc) + body[56:]
+    buf[:HEADER_SIZE] = header_bytes(h.digest, h.payload_len, h.part, h.parts, h.generation, h.checksum)
 
 
 def unpack_header(buf) -> ExtentHeader | None:
     """Parse and self-check a header; ``None`` when it is not a valid kvswarm header."""
     raw = bytes(buf[:HEADER_SIZE])
     magic, version, _flags, digest, plen, part, parts, gen, csum, _res, hcrc = _HEADER.unpack(raw)
-    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:52]) != hcrc:
+    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:_BODY.size]) != hcrc:
         return None
     return ExtentHeader(digest, plen, part, parts, gen, csum)
