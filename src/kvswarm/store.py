@@ -325,11 +325,14 @@ class KVStore:
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes]) -> GetHandle:
+        return self.submit_get_digests([key_digest(k) for k in keys], keys)
+
+    def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None) -> GetHandle:
+        """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         reads: list[_Read] = []
         total = 0
         get = self.catalog.entries.get
-        for i, key in enumerate(keys):
-            digest = key_digest(key)
+        for i, digest in enumerate(digests):
             e = get(digest)
             if e is not None:
                 reads.append(_Read(i, digest, e))
@@ -348,7 +351,8 @@ class KVStore:
                     reqs.append(r)
                 else:
                     r.result = -5  # EIO: the drive is out of service; a miss, not an error to count
-        return GetHandle(self, keys, reads, self.engine.submit(reqs), lease, len(keys))
+        return GetHandle(self, keys if keys is not None else digests, reads, self.engine.submit(reqs), lease,
+                         len(digests))
 
     def get_many(self, keys: Sequence[bytes]) -> GetResult:
         return self.submit_get(keys).wait()
@@ -400,6 +404,14 @@ class KVStore:
         log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, r.offset, r.result)
         if d.stats.errors >= self.config.error_threshold:
             d.fail(f"{d.stats.errors} I/O errors")
+
+    def verify(self, digests: Sequence[bytes], batch: int = 256) -> int:
+        """Read and verify the objects with these digests; returns how many are corrupt or unreadable."""
+        bad = 0
+        for i in range(0, len(digests), batch):
+            with self.submit_get_digests(digests[i:i + batch]).wait() as r:
+                bad += r.misses
+        return bad
 
     # ---- catalog ---------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
