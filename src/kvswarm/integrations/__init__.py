@@ -1,0 +1,1 @@
+"""Engine integrations: thin adapters that put an engine's KV blocks on a KVStore."""

@@ -1,0 +1,63 @@
+"""``KVSwarmOffloadingSpec``: vLLM's tiered offloading with kvswarm as the SSD tier, on CPU or GPU.
+
+Loaded by vLLM's ``OffloadingConnector`` from ``kv_connector_extra_config``::
+
+    {"spec_name": "KVSwarmOffloadingSpec", "spec_module_path": "kvswarm.integrations.vllm",
+     "cpu_bytes_to_use": 4294967296,
+     "kvswarm": {"drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736}}
+
+It is vLLM's ``TieringOffloadingSpec`` (CPU primary tier + secondary tiers, vLLM's own
+scheduler-side manager) with two changes: the ``kvswarm`` section becomes a
+:class:`~kvswarm.integrations.vllm.tier.KVSwarmTierManager` secondary tier, and the
+worker is :class:`~kvswarm.integrations.vllm.worker.KVSwarmOffloadingWorker`, which
+also runs where vLLM's CUDA/XPU-only worker does not (the CPU backend).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
+from kvswarm.integrations.vllm.worker import KVSwarmOffloadingWorker
+
+
+def with_kvswarm_tier(extra_config: dict) -> dict:
+    """``extra_config`` with its ``kvswarm`` section turned into a secondary-tier entry."""
+    extra = dict(extra_config)
+    tiers = [dict(t) for t in extra.get("secondary_tiers", [])]
+    section = extra.pop("kvswarm", None)
+    if section is not None:
+        if "drives" not in section:
+            raise ValueError("kv_connector_extra_config.kvswarm needs 'drives': a list of directories or devices")
+        if not any(t.get("type") == TIER_TYPE for t in tiers):
+            tiers.append({"type": TIER_TYPE, "module_path": MODULE_PATH, **section})
+    if not any(t.get("type") == TIER_TYPE for t in tiers):
+        raise ValueError("KVSwarmOffloadingSpec needs a 'kvswarm' section (or a KVSwarmTierManager secondary tier)")
+    extra["secondary_tiers"] = tiers
+    return extra
+
+
+class KVSwarmOffloadingSpec(TieringOffloadingSpec):
+    def __init__(self, config: OffloadingConfig) -> None:
+        if config.canonical_layout:
+            raise ValueError("KVSwarmOffloadingSpec stores each worker's direct layout; drop canonical_layout")
+        super().__init__(dataclasses.replace(config, extra_config=with_kvswarm_tier(config.extra_config)))
+        self._worker: OffloadingWorker | None = None
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            rank = 0 if self.replicated_layout else self.config.parallel.rank
+            region = SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
+                                         kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                                         cpu_page_size=self.cpu_page_size_per_worker)
+            try:
+                self._worker = KVSwarmOffloadingWorker(kv_caches, self.blocks_per_chunk, region)
+            except Exception:
+                region.cleanup()
+                raise
+        return self._worker

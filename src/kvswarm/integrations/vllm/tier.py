@@ -1,0 +1,314 @@
+"""kvswarm as a vLLM secondary offloading tier (``SecondaryTierManager``).
+
+vLLM's tiering manager keeps a CPU primary tier (a shared mmap region of chunks) and
+cascades stored chunks to secondary tiers, promoting them back on a hit.  This tier
+puts each chunk into a :class:`~kvswarm.store.KVStore` striped over all its drives:
+O_DIRECT, checksummed, durable when reported stored, found again after a restart
+through the store's catalog rather than one file probe per block.
+
+All scheduler-facing methods only queue work.  One driver thread owns the store: it
+submits batched reads and writes (``submit_get`` / ``submit_put``), keeps several jobs
+in flight, copies completed reads into the primary region and reports results that
+``get_finished_jobs`` hands back.  A block whose read fails its checksum, or whose
+drive failed, is deleted and reported failed, so vLLM recomputes it and the next
+lookup is a miss (never wrong KV, never a promotion loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from kvswarm.integrations.keys import KeySpace, layout_dtype
+from kvswarm.layout import KVLayout
+from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+
+log = logging.getLogger(__name__)
+
+TIER_TYPE = "KVSwarmTierManager"
+MODULE_PATH = "kvswarm.integrations.vllm.tier"
+
+
+def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = None) -> KVLayout:
+    """The KVLayout whose fingerprint keys this engine's chunks.
+
+    vLLM's offloading config gives bytes, not heads: the per-token K+V width of all
+    heads is folded into ``head_dim`` of one KV head (same bytes, same fingerprint
+    for the same model), and everything else that changes a chunk's bytes (model,
+    parallelism, cache layout, chunk size) goes into ``model_id``.
+    """
+    cfg = spec.config
+    dtype = layout_dtype(cfg.model.dtype)
+    layers = sum(len(g.layer_names) for g in cfg.groups)
+    tokens = cfg.groups[0].tokens_per_block * cfg.cache.blocks_per_chunk
+    width = cfg.worker_kv_bytes_per_block // max(1, cfg.groups[0].tokens_per_block * layers * 2
+                                                 * KVLayout(1, 1, 1, dtype).dtype_bytes)
+    p = cfg.parallel
+    ident = "|".join([
+        f"vllm:{model_id or cfg.model.name}", f"dtype={cfg.model.dtype}", f"layout={cfg.kv_cache_layout}",
+        f"canonical={cfg.canonical_layout}", f"replicated={cfg.replicated_layout}",
+        f"world={p.world_size},tp={p.tp_size},pp={p.pp_size},pcp={p.pcp_size},dcp={p.dcp_size}",
+        f"groups={[(g.tokens_per_block, len(g.layer_names)) for g in cfg.groups]}",
+        f"chunk_bytes={chunk_bytes}", f"worker_block_bytes={cfg.worker_kv_bytes_per_block}",
+    ])
+    return KVLayout(num_layers=max(1, layers), num_kv_heads=1, head_dim=max(1, width), dtype=dtype,
+                    tokens_per_block=tokens, model_id=ident)
+
+
+@dataclass
+class _Job:
+    """One vLLM job, run as one or more store batches (so no job outgrows the buffer pool)."""
+
+    job: TransferJob
+    load: bool
+    keys: list[OffloadKey]
+    offsets: list[int]
+    t0: float = field(default_factory=time.perf_counter)
+    pos: int = 0  # next key to submit
+    batches: list[tuple[int, int, GetHandle | PutHandle, list[bytes]]] = field(default_factory=list)  # start, end, handle, keys put
+    ok: list[bool] = field(default_factory=list)  # per key, filled as batches complete
+    written: set[bytes] = field(default_factory=set)  # puts: keys this job wrote
+
+    @property
+    def done(self) -> bool:
+        return self.pos == len(self.keys) and not self.batches
+
+
+class KVSwarmTierManager(SecondaryTierManager):
+    """Secondary tier on a kvswarm SSD pool; configure it in ``secondary_tiers``::
+
+        {"type": "KVSwarmTierManager", "module_path": "kvswarm.integrations.vllm.tier",
+         "drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736,
+         "tenant": "team-a"}
+    """
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
+                 drives: list[str], capacity_per_drive: int = 1 << 30, meta_dir: str | None = None,
+                 backend: str = "threads", queue_depth: int = 32, stripe_unit: int = 1 << 20,
+                 placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
+                 model_id: str | None = None, durable: bool = True, max_inflight_jobs: int = 8,
+                 enable_kv_events: bool = False, locality: str | None = None,
+                 backpressure_detector: BackpressureDetector | None = None) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = Locality(locality) if locality is not None else None
+        self._flat = primary_kv_view.cast("B")
+        self.layout = vllm_layout(offloading_spec, self.block_size_bytes, model_id)
+        self.keyspace = KeySpace.of("vllm", self.layout, tenant)
+        self.store = KVStore(StoreConfig(
+            drives=list(drives), meta_dir=meta_dir, capacity_per_drive=int(capacity_per_drive), backend=backend,
+            queue_depth=queue_depth, stripe_unit=stripe_unit, placement=placement,
+            buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
+        self.durable = durable
+        self._events: list[OffloadingEvent] | None = (
+            [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
+        self._max_inflight = max(1, max_inflight_jobs)
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = queue.SimpleQueue()
+        self._pending = 0  # jobs queued or in flight, for drain_jobs
+        self._idle = threading.Condition()
+        self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
+        self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
+        self._driver.start()
+        log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
+                 len(drives), len(self.store), self.block_size_bytes, self.store.reopen_seconds)
+
+    # ---- scheduler-facing (non-blocking) -------------------------------------------------
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        # The catalog is in memory: a lookup is a dict probe, even right after a restart.
+        return LookupResult.HIT if self.store.contains(self.keyspace.key(key)) else LookupResult.MISS
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        self._enqueue(job_metadata, load=False)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        self._enqueue(job_metadata, load=True)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        out = []
+        while True:
+            try:
+                result, stored = self._finished.get_nowait()
+            except queue.Empty:
+                return out
+            out.append(result)
+            if self._events is not None and stored:
+                self._events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
+                                                    locality=self.locality))
+
+    def has_pending_work(self) -> bool:
+        return self._pending > 0
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events:
+            yield from self._events
+            self._events.clear()
+
+    def drain_jobs(self) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
+
+    def shutdown(self) -> None:
+        if self._driver.is_alive():
+            self.drain_jobs()
+            self._queue.put(None)
+            self._driver.join()
+        if self.store.engine is not None:
+            self.store.close()
+        self._flat.release()  # else vLLM cannot unmap its primary region
+
+    def get_stats(self):
+        return None
+
+    def _enqueue(self, job: TransferJob, load: bool) -> None:
+        keys = list(job.keys)
+        bs = self.block_size_bytes
+        offsets = [int(c) * bs for c in job.chunk_ids]
+        if len(offsets) != len(keys) or any(o < 0 or o + bs > len(self._flat) for o in offsets):
+            raise ValueError(f"job {job.job_id}: chunk ids do not match keys or lie outside the primary tier")
+        with self._idle:
+            self._pending += 1
+        self._queue.put(_Job(job, load, keys, offsets))
+
+    # ---- driver thread: the only user of the store -------------------------------------
+    def _run(self) -> None:
+        active: list[_Job] = []
+        while True:
+            try:
+                block = not active
+                while len(active) < self._max_inflight:
+                    item = self._queue.get(block=block)
+                    block = False
+                    if item is None:
+                        return
+                    item.ok = [False] * len(item.keys)
+                    active.append(item)
+            except queue.Empty:
+                pass
+            for j in active:
+                self._submit_batches(j, force=not any(x.batches for x in active))
+            progressed = False
+            for j in active:
+                for b in [b for b in j.batches if b[2].poll()]:
+                    j.batches.remove(b)
+                    self._complete_batch(j, *b)
+                    progressed = True
+            finished = [j for j in active if j.done]
+            if finished:
+                if self.durable and any(j.written for j in finished):
+                    self._flush()
+                for j in finished:
+                    active.remove(j)
+                    self._finish(j)
+            elif not progressed:
+                self.store.engine.poll(0.001)
+
+    def _submit_batches(self, j: _Job, force: bool) -> None:
+        """Submit the job's next batches while the buffer pool has room for them."""
+        pool = self.store.pool
+        per_key = self.block_size_bytes + (1 << 16)  # payload + headers/alignment, generously
+        while j.pos < len(j.keys):
+            room = pool.capacity - pool.in_use
+            n = min(len(j.keys) - j.pos, max(1, room // per_key))
+            if room < per_key and not (force and not j.batches):
+                return
+            start, end = j.pos, j.pos + n
+            j.pos = end
+            try:
+                if j.load:
+                    handle = self.store.submit_get([self.keyspace.key(k) for k in j.keys[start:end]])
+                    put = []
+                else:
+                    handle, put = self._submit_put(j, start, end)
+            except Exception:  # a full pool or a failed submit fails these keys, never the tier
+                log.exception("kvswarm tier: job %d batch failed to submit", j.job.job_id)
+                continue
+            if handle is not None:
+                j.batches.append((start, end, handle, put))
+            force = False
+
+    def _submit_put(self, j: _Job, start: int, end: int) -> tuple[PutHandle | None, list[bytes]]:
+        bs = self.block_size_bytes
+        items, skipped = [], []
+        for i in range(start, end):
+            sk = self.keyspace.key(j.keys[i])
+            if sk in self._writing or self.store.contains(sk):
+                skipped.append(i)  # already stored, or being stored by another job
+                continue
+            items.append((sk, self._flat[j.offsets[i]:j.offsets[i] + bs]))
+        for i in skipped:
+            j.ok[i] = True
+        if not items:
+            return None, []
+        handle = self.store.submit_put(items)
+        put = [k for k, _ in items]
+        self._writing.update(put)
+        return handle, put
+
+    def _complete_batch(self, j: _Job, start: int, end: int, handle: GetHandle | PutHandle, put: list[bytes]) -> None:
+        bs = self.block_size_bytes
+        if j.load:
+            result = handle.wait()
+            try:
+                for i, view in zip(range(start, end), result.views):
+                    if view is not None and len(view) == bs:
+                        self._flat[j.offsets[i]:j.offsets[i] + bs] = view
+                        j.ok[i] = True
+                    else:  # corrupt, torn, on a failed drive: forget it so vLLM recomputes
+                        self.store.delete(self.keyspace.key(j.keys[i]))
+            finally:
+                result.release()
+            return
+        keys = [self.keyspace.key(j.keys[i]) for i in range(start, end)]
+        oks = dict(zip(put, handle.wait()))
+        self._writing.difference_update(put)
+        for i, k in zip(range(start, end), keys):
+            if k in oks:
+                j.ok[i] = oks[k]
+                if oks[k]:
+                    j.written.add(k)
+
+    def _flush(self) -> None:
+        try:
+            self.store.flush()
+        except Exception:
+            log.exception("kvswarm tier: flush failed")
+
+    def _finish(self, j: _Job) -> None:
+        ok_keys = [k for k, ok in zip(j.keys, j.ok) if ok]
+        success = len(ok_keys) == len(j.keys)
+        result = JobResult(j.job.job_id, success, None if success or not j.load else tuple(ok_keys),
+                           time.perf_counter() - j.t0, len(ok_keys) * self.block_size_bytes)
+        stored = [k for k in j.keys if self.keyspace.key(k) in j.written]
+        self._report(result, stored)
+
+    def _report(self, result: JobResult, stored: list[OffloadKey]) -> None:
+        self._finished.put((result, stored))
+        with self._idle:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.notify_all()

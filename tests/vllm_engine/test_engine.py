@@ -1,0 +1,88 @@
+"""kvswarm inside the real vLLM engine (CPU backend, tiny random Llama, block size 32).
+
+One engine process per phase, as a user would run it: (1) write + same-process reuse
+after vLLM's prefix cache and CPU tier are reset, (2) a fresh process reuses the
+blocks, (3) corrupted block extents are misses and the output stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvswarm.drive import DATA_FILE
+from kvswarm.format import HEADER_SIZE
+from kvswarm.store import KVStore
+
+HERE = os.path.dirname(__file__)
+BLOCKS = 8  # full blocks in the prompt (engine_run.py)
+
+
+def run_engine(model: str, drives: list[str], phase: str, out: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # each process its own str hash seed
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "engine_run.py"), "--model", model, "--drives",
+                           ",".join(drives), "--phase", phase, "--out", out],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with open(out) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from tiny_model import build
+
+    return build(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def written(model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("kvswarm-drives")
+    drives = [str(root / f"d{i}") for i in range(2)]
+    for d in drives:
+        os.makedirs(d)
+    return drives, run_engine(model_dir, drives, "write", str(root / "write.json"))
+
+
+def test_same_process_reuse_after_prefix_cache_reset(written):
+    _, r = written
+    assert r["first"]["cached_tokens"] == 0
+    assert r["objects_after_write"] == BLOCKS  # one object per full block, prompt only
+    assert r["second_store_hits"] == BLOCKS  # served by kvswarm, not vLLM's caches
+    assert r["second"]["cached_tokens"] == BLOCKS * 32
+    assert r["second"]["tokens"] == r["first"]["tokens"]
+    assert r["second"]["logprobs"] == r["first"]["logprobs"]
+
+
+def test_fresh_process_reuses_persisted_blocks(written, model_dir, tmp_path):
+    drives, w = written
+    r = run_engine(model_dir, drives, "read", str(tmp_path / "read.json"))
+    assert r["objects_before"] == BLOCKS
+    assert r["counters"]["hits"] == BLOCKS and r["counters"]["corrupt"] == 0
+    assert r["first"]["cached_tokens"] == BLOCKS * 32
+    assert r["first"]["logprobs"] == w["first"]["logprobs"]
+    assert r["objects_after"] == BLOCKS  # nothing rewritten
+
+
+def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, tmp_path):
+    drives, w = written
+    with KVStore.open(drives, create=False) as store:
+        extents = [e.extents[0] for _, e in sorted(store.catalog.entries.items())][:3]
+    for drv, off, _, _ in extents:  # flip one payload byte of three blocks' extents
+        with open(os.path.join(drives[drv], DATA_FILE), "r+b") as f:
+            f.seek(off + HEADER_SIZE + 100)
+            b = f.read(1)
+            f.seek(off + HEADER_SIZE + 100)
+            f.write(bytes([b[0] ^ 0xFF]))
+    r = run_engine(model_dir, drives, "read", str(tmp_path / "corrupt.json"))
+    assert r["counters"]["corrupt"] == 3
+    assert r["counters"]["hits"] <= BLOCKS - 3
+    assert r["first"]["cached_tokens"] < BLOCKS * 32  # recomputed from the first bad block on
+    assert r["first"]["tokens"] == w["first"]["tokens"]
+    assert r["first"]["logprobs"] == w["first"]["logprobs"]
+    assert r["objects_after"] == BLOCKS  # the bad blocks were dropped and written again

@@ -1,0 +1,144 @@
+"""KVSwarmTierManager through vLLM's secondary-tier interfaces (no engine): round trip,
+restart, corruption, failed drive, tenant isolation, jobs larger than the buffer pool."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvswarm.drive import DATA_FILE
+from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.integrations.vllm.harness import JobRunner, Primary, keys_for, make_tier, offloading_spec
+from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
+from kvswarm.layout import KVLayout
+
+LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", tokens_per_block=32,
+                  model_id="tier-test")  # 64 KiB chunks
+CHUNKS = 32
+
+
+@pytest.fixture
+def drives(tmp_path):
+    paths = [str(tmp_path / f"d{i}") for i in range(3)]
+    for p in paths:
+        os.makedirs(p)
+    return paths
+
+
+@pytest.fixture
+def primary():
+    p = Primary.create(CHUNKS, LAYOUT.block_bytes)
+    yield p
+    p.close()
+
+
+def tier_config(drives, **kw):
+    return {"type": TIER_TYPE, "module_path": MODULE_PATH, "drives": drives, "capacity_per_drive": 16 << 20, **kw}
+
+
+def open_tier(drives, primary, **kw):
+    return make_tier(tier_config(drives, **kw), primary, offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes))
+
+
+def fill(primary, chunks, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {c: rng.integers(0, 256, LAYOUT.block_bytes, dtype=np.uint8) for c in chunks}
+    for c, d in data.items():
+        primary.chunk(c)[:] = d
+    return data
+
+
+def test_store_lookup_load_round_trip_and_restart(drives, primary):
+    keys = keys_for(8)
+    data = fill(primary, range(8))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.lookup(keys) == [LookupResult.MISS] * 8
+    res = run.run(keys, range(8), load=False)
+    assert res.success and res.transfer_bytes == 8 * LAYOUT.block_bytes
+    assert run.lookup(keys + keys_for(1, salt=9)) == [LookupResult.HIT] * 8 + [LookupResult.MISS]
+    assert {d.index for d in tier.store.drives if d.stats.ops[1]} == {0, 1, 2}  # striped over all drives
+    tier.shutdown()
+
+    primary.mm[:] = bytes(len(primary.mm))
+    tier = open_tier(drives, primary)  # a restarted engine: same drives, new process state
+    run = JobRunner(tier)
+    assert run.lookup(keys) == [LookupResult.HIT] * 8
+    res = run.run(keys, range(16, 24), load=True)
+    assert res.success
+    for i in range(8):
+        assert np.array_equal(primary.chunk(16 + i), data[i])
+    assert run.run(keys, range(8), load=False).success  # already stored: nothing rewritten
+    assert tier.store.counters["puts"] == 0
+    tier.shutdown()
+
+
+def test_corrupt_extent_is_a_miss_and_forgotten(drives, primary):
+    keys = keys_for(6)
+    data = fill(primary, range(6))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys, range(6), load=False).success
+    drv, off, _, _ = tier.store.catalog.entries[key_digest(tier.keyspace.key(keys[2]))].extents[0]
+    tier.shutdown()
+    with open(os.path.join(drives[drv], DATA_FILE), "r+b") as f:
+        f.seek(off + HEADER_SIZE + 7)
+        f.write(b"\x55\xaa")
+
+    primary.mm[:] = bytes(len(primary.mm))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    res = run.run(keys, range(10, 16), load=True)
+    assert not res.success
+    assert set(res.successful_keys) == set(keys) - {keys[2]}
+    assert tier.store.counters["corrupt"] == 1
+    assert run.lookup([keys[2]]) == [LookupResult.MISS]  # no promotion loop on a bad block
+    for i in (0, 1, 3, 4, 5):
+        assert np.array_equal(primary.chunk(10 + i), data[i])
+    tier.shutdown()
+
+
+def test_failed_drive_degrades_to_misses(drives, primary):
+    keys = keys_for(9)
+    fill(primary, range(9))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys, range(9), load=False).success
+    tier.store.fail_drive(1)
+    res = run.run(keys, range(16, 25), load=True)
+    assert not res.success and 0 < len(res.successful_keys) < 9
+    more = keys_for(4, salt=1)
+    assert run.run(more, range(4), load=False).success  # writes avoid the failed drive
+    assert run.lookup(more) == [LookupResult.HIT] * 4
+    tier.shutdown()
+
+
+def test_tenant_and_layout_isolate_keys(drives, primary):
+    keys = keys_for(3)
+    fill(primary, range(3))
+    tier = open_tier(drives, primary, tenant="a")
+    run = JobRunner(tier)
+    assert run.run(keys, range(3), load=False).success
+    tier.shutdown()
+    tier = open_tier(drives, primary, tenant="b")
+    assert JobRunner(tier).lookup(keys) == [LookupResult.MISS] * 3
+    tier.shutdown()
+    tier = open_tier(drives, primary, tenant="a", model_id="another-model")
+    assert JobRunner(tier).lookup(keys) == [LookupResult.MISS] * 3
+    tier.shutdown()
+
+
+def test_jobs_larger_than_the_buffer_pool_run_in_batches(drives, primary):
+    keys = keys_for(CHUNKS)
+    data = fill(primary, range(CHUNKS))
+    tier = open_tier(drives, primary, buffer_pool_bytes=4 * LAYOUT.block_bytes)
+    run = JobRunner(tier)
+    assert run.run(keys, range(CHUNKS), load=False).success
+    primary.mm[:] = bytes(len(primary.mm))
+    assert run.run(keys, list(reversed(range(CHUNKS))), load=True).success
+    for i in range(CHUNKS):
+        assert np.array_equal(primary.chunk(CHUNKS - 1 - i), data[i])
+    tier.shutdown()
