@@ -1,0 +1,380 @@
+"""TierManager: runs the director's decisions on DRAM and real SSD / capacity pools.
+
+One request's life::
+
+    pf = tm.prefetch(keys)        # as soon as the request is known: reads start now
+    ...                           # (queueing, other work)
+    hit = pf.result()             # when it is scheduled: waits as the PrefetchPolicy says
+    use(hit.views)                # the usable cached prefix (header + KV per block)
+    hit.release()                 # promotes SSD / capacity hits to DRAM, frees the buffers
+    tm.insert(new_keys, payloads) # blocks computed for the rest of the prompt
+
+Block identities inside the tiers are the store's key digests (``format.key_digest``),
+so the state can be rebuilt from the pools' catalogs after a restart; a block's key
+travels in its payload header (:mod:`kvswarm.prefix.block`) for moves between pools.
+Any block that cannot be read back intact - missing, corrupt, on a failed drive, of
+another namespace or size - is a miss (counted), and its tier forgets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvswarm.errors import DriveFull
+from kvswarm.format import key_digest
+from kvswarm.prefix.block import block_key, matches
+from kvswarm.store import GetHandle, KVStore
+from kvswarm.tiers.admission import WritePolicy
+from kvswarm.tiers.demotion import DemotionPolicy
+from kvswarm.tiers.director import Action, Copy, Tier, TierDirector
+from kvswarm.tiers.dram import DramTier
+from kvswarm.tiers.pools import PoolConfig, block_capacity
+from kvswarm.tiers.prefetch import PrefetchPolicy
+
+log = logging.getLogger(__name__)
+now = time.perf_counter
+POOL_TIERS = (Tier.SSD, Tier.CAPACITY)
+
+
+@dataclass
+class TierConfig:
+    block_bytes: int  # payload bytes of one block (64-byte header + KV)
+    dram_bytes: int = 256 << 20
+    ssd: PoolConfig | None = None
+    capacity: PoolConfig | None = None
+    eviction: str | Sequence[str] = "lru"  # one name, or one per tier (DRAM, SSD, capacity)
+    write: str | WritePolicy = "write-through"
+    demotion: str | DemotionPolicy | None = None  # default: always demote when there is a capacity pool
+    prefetch: PrefetchPolicy = field(default_factory=PrefetchPolicy)
+    chunk_blocks: int = 8  # blocks per read batch: the granularity at which a late prefix is cut
+
+
+class PrefixHit:
+    """The usable cached prefix of one request: ``views[i]`` is block ``i``'s payload."""
+
+    def __init__(self, mgr: TierManager, keys: Sequence[bytes], digests: Sequence[bytes], views: list,
+                 tiers: list[Tier], pins: list, results: list, located: int, late: int, rejected: int) -> None:
+        self._mgr, self.keys, self._digests = mgr, list(keys), list(digests)
+        self.views, self.tiers = views, tiers
+        self._pins, self._results = pins, results
+        self.located, self.late, self.rejected = located, late, rejected
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def release(self, promote: bool = True) -> None:
+        """Promote the blocks read from the pools into DRAM (unless ``promote=False``), free buffers."""
+        if self._mgr is None:
+            return
+        if promote:
+            for d, v, t in zip(self._digests, self.views, self.tiers):
+                if t != Tier.DRAM:
+                    self._mgr._execute(self._mgr.director.admit(d, t), {d: v})
+        self.views = []
+        for s in self._pins:
+            s.unpin()
+        for r in self._results:
+            r.release()
+        self._pins, self._results, self._mgr = [], [], None
+
+    def __enter__(self) -> PrefixHit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class Prefetch:
+    """Reads of one request's cached prefix, started at construction; see :meth:`result`."""
+
+    def __init__(self, mgr: TierManager, keys: Sequence[bytes], digests: list[bytes], tiers: list[Tier],
+                 arrival: float, policy: PrefetchPolicy) -> None:
+        self._mgr, self._keys, self._digests = mgr, list(keys), digests
+        self.arrival, self.policy = arrival, policy
+        n = len(tiers)
+        self._views: list = [None] * n
+        self._tiers = tiers
+        self._pins: list[tuple[int, object]] = []
+        self._chunks: list[tuple[int, int, Tier, GetHandle]] = []
+        i = 0
+        while i < n:
+            t = tiers[i]
+            if t == Tier.DRAM:
+                slot = mgr.dram.pin(digests[i])
+                if slot is None:  # the director had it in DRAM but its put found no slot
+                    mgr.director.lost(digests[i], Tier.DRAM)
+                    n = i
+                    break
+                self._pins.append((i, slot))
+                self._views[i] = slot.view
+                i += 1
+                continue
+            j = i
+            while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
+                j += 1
+            self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+            i = j
+        self.located = n
+
+    def poll(self) -> bool:
+        """True once every read has completed (never blocks)."""
+        return all(h.poll() for *_, h in self._chunks)
+
+    def result(self) -> PrefixHit:
+        """Wait per the policy, then the longest prefix that arrived intact (call once)."""
+        mgr = self._mgr
+        deadline = self.policy.deadline(self.arrival)
+        usable, late, rejected = self.located, 0, 0
+        results = []
+        for i, j, t, h in self._chunks:
+            if i >= usable or not _wait(h, mgr.stores[t], deadline):
+                if i < usable:
+                    late = usable - i
+                    usable = i
+                mgr._orphans.append(h)  # reaped (and its buffer freed) later
+                continue
+            r = h.wait()
+            results.append(r)
+            for idx in range(i, j):
+                v = r.views[idx - i]
+                if v is None or len(v) != mgr.config.block_bytes or not matches(v, self._keys[idx]):
+                    mgr.director.lost(self._digests[idx], t)
+                    rejected += 1
+                    usable = min(usable, idx)
+                elif idx < usable:
+                    self._views[idx] = v
+        pins = [s for i, s in self._pins if i < usable]
+        for i, s in self._pins:
+            if i >= usable:
+                s.unpin()
+        c = mgr.counters
+        c["requests"] += 1
+        c["blocks"] += len(self._keys)
+        for t in self._tiers[:usable]:
+            c[f"hit_{t.name.lower()}"] += 1
+        c["misses"] += len(self._keys) - usable
+        c["late"] += late
+        c["rejected"] += rejected
+        return PrefixHit(mgr, self._keys[:usable], self._digests[:usable], self._views[:usable],
+                         self._tiers[:usable], pins, results, self.located, late, rejected)
+
+
+def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
+    """Drive completions until ``h`` is done or ``deadline`` passes; True when done."""
+    if deadline == math.inf:
+        return True
+    while not h.poll():
+        rem = deadline - now()
+        if rem <= 0:
+            return False
+        store.engine.poll(min(rem, 0.05))
+    return True
+
+
+class TierManager:
+    """DRAM + SSD pool + capacity pool for blocks of ``config.block_bytes``.
+
+    ``stores`` may supply already-open pools (tests, testbeds); otherwise they are
+    opened from ``config.ssd`` / ``config.capacity``.  Opening existing pools restores
+    every flushed block (see :attr:`reopen_seconds`).
+    """
+
+    def __init__(self, config: TierConfig, stores: dict[Tier, KVStore] | None = None) -> None:
+        t0 = now()
+        self.config = config
+        self.stores: dict[Tier, KVStore] = dict(stores or {})
+        for t, pc in ((Tier.SSD, config.ssd), (Tier.CAPACITY, config.capacity)):
+            if t not in self.stores and pc is not None:
+                self.stores[t] = pc.open()
+        bb = config.block_bytes
+        dram_blocks = config.dram_bytes // bb
+        caps = [dram_blocks] + [block_capacity(self.stores[t], bb) if t in self.stores else 0 for t in POOL_TIERS]
+        self.director = TierDirector(caps, config.eviction, config.write, config.demotion)
+        self.dram = DramTier(dram_blocks, bb)
+        self.counters: Counter[str] = Counter()
+        self._puts: list[tuple[Tier, bytes, object]] = []
+        self._pending: dict[Tier, Counter[bytes]] = {t: Counter() for t in POOL_TIERS}
+        self._doomed: dict[Tier, set[bytes]] = {t: set() for t in POOL_TIERS}
+        self._orphans: list[GetHandle] = []
+        self._healthy = {t: sum(d.healthy for d in s.drives) for t, s in self.stores.items()}
+        for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
+            entries = sorted(s.catalog.entries.items(), key=lambda kv: kv[1].generation)
+            self._execute(self.director.restore(t, [d for d, _ in entries]), {})
+        self.reopen_seconds = now() - t0
+
+    # ---- the request path ------------------------------------------------------------------
+    def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
+                 policy: PrefetchPolicy | None = None) -> Prefetch:
+        """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
+        self._reap()
+        self._check_health()
+        digests = [key_digest(k) for k in keys]
+        tiers = self.director.lookup(digests)
+        return Prefetch(self, keys, digests, tiers, now() if arrival is None else arrival,
+                        policy or self.config.prefetch)
+
+    def lookup(self, keys: Sequence[bytes], policy: PrefetchPolicy | None = None) -> PrefixHit:
+        return self.prefetch(keys, policy=policy).result()
+
+    def insert(self, keys: Sequence[bytes], payloads: Sequence[object]) -> None:
+        """Blocks computed for a request enter DRAM, and the pools as the write policy says."""
+        self._check_health()
+        for k, p in zip(keys, payloads):
+            d = key_digest(k)
+            self._execute(self.director.admit(d, None), {d: p})
+
+    def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
+        """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
+        for k in keys:
+            self._execute(self.director.evict(key_digest(k), tier), {})
+
+    def clear_dram(self) -> None:
+        """Evict every DRAM block (write-back applies): DRAM is then cold, as after a restart."""
+        for d in list(self.director.tiers[Tier.DRAM]):
+            self._execute(self.director.evict(d, Tier.DRAM), {})
+
+    def flush(self) -> None:
+        """Write back what the write policy keeps, then make every pool durable."""
+        self._execute(self.director.flush(), {})
+        self._reap()
+        for s in self.stores.values():
+            s.flush()
+
+    def close(self) -> None:
+        if not self.stores:
+            return
+        self.flush()
+        for s in self.stores.values():
+            s.close()
+        self.stores = {}
+        self.dram.clear()
+
+    def __enter__(self) -> TierManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- execution of actions --------------------------------------------------------------
+    def _execute(self, acts: list[Action], bufs: dict[bytes, object]) -> None:
+        for a in acts:
+            if isinstance(a, Copy):
+                data, release = self._read(a.key, a.src, bufs)
+                if data is None:
+                    self.counters["copy_failures"] += 1
+                    self.director.lost(a.key, a.dst)
+                    continue
+                try:
+                    if a.dst == Tier.DRAM:
+                        if not self.dram.put(a.key, data):
+                            self.director.lost(a.key, Tier.DRAM)
+                    else:
+                        self._put(a.dst, a.key, data)
+                finally:
+                    release()
+            elif a.tier == Tier.DRAM:
+                self.dram.drop(a.key)
+            elif self._pending[a.tier][a.key]:
+                self._doomed[a.tier].add(a.key)
+            else:
+                _delete_digest(self.stores[a.tier], a.key)
+
+    def _read(self, digest: bytes, src: Tier | None, bufs: dict[bytes, object]):
+        if src is None:
+            return bufs.get(digest), _noop
+        if src == Tier.DRAM:
+            return self.dram.get(digest), _noop
+        self._reap(src)  # a block being written is only readable once its put completed
+        r = self.stores[src].submit_get_digests([digest]).wait()
+        v = r.views[0]
+        if v is None or (k := block_key(v)) is None or key_digest(k) != digest:
+            self.director.lost(digest, src)
+            r.release()
+            return None, _noop
+        return v, r.release
+
+    def _put(self, tier: Tier, digest: bytes, data) -> None:
+        key = block_key(data)
+        if key is None or key_digest(key) != digest:
+            self.counters["copy_failures"] += 1
+            self.director.lost(digest, tier)
+            return
+        try:
+            h = self.stores[tier].submit_put([(key, data)])
+        except DriveFull:
+            self.counters["put_failures"] += 1
+            self.director.lost(digest, tier)
+            return
+        self._doomed[tier].discard(digest)
+        self._pending[tier][digest] += 1
+        self._puts.append((tier, digest, h))
+
+    def _reap(self, tier: Tier | None = None) -> None:
+        """Complete the puts in flight (of one tier, or all) and free abandoned reads."""
+        keep = []
+        for t, d, h in self._puts:
+            if tier is not None and t != tier:
+                keep.append((t, d, h))
+                continue
+            ok = h.wait()[0]
+            self._pending[t][d] -= 1
+            if not self._pending[t][d]:
+                del self._pending[t][d]
+                if d in self._doomed[t]:
+                    self._doomed[t].discard(d)
+                    _delete_digest(self.stores[t], d)
+            if not ok:
+                self.counters["put_failures"] += 1
+                self.director.lost(d, t)
+        self._puts = keep
+        if tier is None:
+            for h in self._orphans:
+                h.wait().release()
+            self._orphans.clear()
+
+    def _check_health(self) -> None:
+        """After a drive failure: forget its blocks and shrink the pool's capacity."""
+        for t, s in self.stores.items():
+            healthy = sum(d.healthy for d in s.drives)
+            if healthy == self._healthy[t]:
+                continue
+            self._healthy[t] = healthy
+            self._reap(t)
+            dead = {d.index for d in s.drives if not d.healthy}
+            for dg, e in list(s.catalog.entries.items()):
+                if any(x[0] in dead for x in e.extents):
+                    self.director.lost(dg, t)
+                    _delete_digest(s, dg)
+            log.warning("%s pool: %d of %d drives healthy", t.name, healthy, len(s.drives))
+            self._execute(self.director.resize(t, block_capacity(s, self.config.block_bytes)), {})
+
+    # ---- reporting -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        c = self.counters
+        blocks = c["blocks"] or 1
+        return {
+            "served": dict(c),
+            "hit_rate": {t.name.lower(): c[f"hit_{t.name.lower()}"] / blocks for t in Tier}
+            | {"total": sum(c[f"hit_{t.name.lower()}"] for t in Tier) / blocks},
+            "director": dict(self.director.counters),
+            "resident": {t.name.lower(): self.director.resident(t) for t in Tier},
+            "capacity_blocks": {t.name.lower(): self.director.capacity(t) for t in Tier},
+            "pools": {t.name.lower(): s.stats() for t, s in self.stores.items()},
+        }
+
+
+def _noop() -> None:
+    pass
+
+
+def _delete_digest(store: KVStore, digest: bytes) -> None:
+    # KVStore.delete takes a key; the tiers know digests (a restart recovers only those).
+    # Same steps as KVStore.delete: catalog first, extents freed after the next flush.
+    old = store.catalog.delete(digest)
+    if old is not None:
+        store._free_after_flush(old)

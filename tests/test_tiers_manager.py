@@ -1,0 +1,283 @@
+"""TierManager on real pools (temp-dir drives, O_DIRECT): hits per tier, moves, faults, restart."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kvswarm.format import key_digest
+from kvswarm.io.base import IOEngine
+from kvswarm.layout import KVLayout
+from kvswarm.prefix import PrefixKeyer, new_block
+from kvswarm.tiers import PrefetchPolicy, Tier
+from kvswarm.tiers.manager import TierConfig, TierManager
+from kvswarm.tiers.pools import PoolConfig
+
+LAYOUT = KVLayout(2, 1, 8, "float32", tokens_per_block=16, model_id="test")  # 2 KiB of KV per block
+KV = LAYOUT.block_bytes
+BLOCK = KV + 64
+KEYER = PrefixKeyer(LAYOUT)
+
+
+def payload(key: bytes, index: int = 0) -> bytearray:
+    buf, kv = new_block(key, KEYER.namespace, 16, index, KV)
+    kv[:] = np.frombuffer((key * (KV // 16 + 1))[:KV], np.uint8)
+    return buf
+
+
+def keys_of(seed: int, n: int) -> list[bytes]:
+    return KEYER.block_keys(np.arange(n * 16) + seed * 100_000)
+
+
+def pool(tmp_path, name: str, drives: int, blocks_per_drive: int, kind: str = "ssd") -> PoolConfig:
+    paths = []
+    for i in range(drives):
+        p = tmp_path / f"{name}{i}"
+        p.mkdir(exist_ok=True)
+        paths.append(str(p))
+    return PoolConfig(paths, kind=kind, capacity_per_drive=4096 * (1 + blocks_per_drive), buffer_pool_bytes=4 << 20)
+
+
+def manager(tmp_path, dram_blocks=4, ssd=(2, 8), cap=(1, 16), **kw) -> TierManager:
+    return TierManager(TierConfig(
+        block_bytes=BLOCK, dram_bytes=dram_blocks * BLOCK, ssd=pool(tmp_path, "ssd", *ssd) if ssd else None,
+        capacity=pool(tmp_path, "cap", *cap, kind="hdd") if cap else None, **kw))
+
+
+def serve(tm: TierManager, keys: list[bytes], promote: bool = True) -> list[Tier]:
+    """One request: use the cached prefix (checking every byte), compute and insert the rest."""
+    hit = tm.lookup(keys)
+    for k, v, i in zip(keys, hit.views, range(len(hit))):
+        assert bytes(v) == bytes(payload(k, i)), "served bytes differ from what was stored"
+    tiers = list(hit.tiers)
+    hit.release(promote=promote)
+    tm.insert(keys[len(tiers):], [payload(k, i) for i, k in enumerate(keys) if i >= len(tiers)])
+    return tiers
+
+
+def test_hits_move_down_and_come_back(tmp_path):
+    with manager(tmp_path) as tm:
+        ks = keys_of(0, 4)
+        assert serve(tm, ks) == []
+        assert serve(tm, ks) == [Tier.DRAM] * 4
+        tm.clear_dram()
+        assert serve(tm, ks) == [Tier.SSD] * 4  # promoted on use...
+        assert serve(tm, ks) == [Tier.DRAM] * 4  # ...so the next turn hits DRAM
+        for s in range(1, 5):  # push ks out of DRAM and the SSD pool (12 blocks) to the capacity pool (14)
+            serve(tm, keys_of(s, 4))
+        st = tm.stats()
+        assert st["director"]["demotions"] > 0
+        assert serve(tm, ks) == [Tier.CAPACITY] * 4
+        assert tm.counters["hit_capacity"] == 4
+
+
+def test_request_blocks_are_striped_over_all_ssds(tmp_path):
+    with manager(tmp_path, dram_blocks=0, ssd=(4, 8), cap=None) as tm:
+        serve(tm, keys_of(0, 8))
+        tm.flush()
+        writes = [d["write_ops"] for d in tm.stores[Tier.SSD].stats()["drives"]]
+        assert writes == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("eviction", ["lru", "arc", "s3fifo"])
+def test_full_pools_evict_never_crash(tmp_path, eviction):
+    with manager(tmp_path, eviction=eviction) as tm:
+        for s in range(30):  # 120 blocks through 4 + ~12 + ~14 block tiers
+            serve(tm, keys_of(s % 12, 4))
+        tm.flush()
+        for t in Tier:
+            assert tm.director.resident(t) <= tm.director.capacity(t)
+        for t, s in tm.stores.items():
+            assert len(s) == tm.director.resident(t)  # the pools hold exactly what the director believes
+        assert tm.counters["put_failures"] == 0
+
+
+def test_write_back_writes_on_eviction_and_flush(tmp_path):
+    with manager(tmp_path, write="write-back", cap=None) as tm:
+        serve(tm, keys_of(0, 3))
+        assert len(tm.stores[Tier.SSD]) == 0  # still only in DRAM
+        serve(tm, keys_of(1, 2))  # DRAM holds 4: one block of the first request is written back
+        tm.flush()
+        assert len(tm.stores[Tier.SSD]) == 5
+
+
+def test_selective_admission_spares_the_ssds(tmp_path):
+    with manager(tmp_path, dram_blocks=0, write="selective:2", cap=None) as tm:
+        ks = keys_of(0, 3)
+        serve(tm, ks)
+        assert len(tm.stores[Tier.SSD]) == 0  # seen once: recomputed next time, never written
+        assert serve(tm, ks) == []
+        tm.flush()
+        assert len(tm.stores[Tier.SSD]) == 3  # seen twice: admitted
+        assert serve(tm, ks) == [Tier.SSD] * 3
+
+
+def _extent_of(store, key):
+    drv, off, ln, _ = store.catalog.entries[key_digest(key)].extents[0]
+    return os.path.join(store.drives[drv].path, "kvswarm.data"), off, ln
+
+
+def test_corrupt_and_truncated_blocks_are_misses_then_recomputed(tmp_path):
+    with manager(tmp_path, cap=None) as tm:
+        ks = keys_of(0, 4)
+        serve(tm, ks)
+        tm.flush()
+        tm.clear_dram()
+        ssd = tm.stores[Tier.SSD]
+        path, off, _ = _extent_of(ssd, ks[2])
+        with open(path, "r+b") as f:  # flip KV bytes of block 2 behind the store's back
+            f.seek(off + 64 + 64 + 100)
+            f.write(b"\xff" * 8)
+        assert serve(tm, ks) == [Tier.SSD] * 2  # block 2 fails its checksum: the prefix stops there
+        assert tm.counters["rejected"] == 1 and ssd.counters["corrupt"] == 1
+        tm.clear_dram()
+        assert serve(tm, ks) == [Tier.SSD] * 4  # recomputed and stored again
+        tm.flush()
+        tm.clear_dram()
+        path, off, _ = _extent_of(ssd, ks[3])
+        os.truncate(path, off + 2048)  # the data file ends inside block 3: a short read
+        assert serve(tm, ks) == [Tier.SSD] * 3
+
+
+def test_wrong_block_under_a_key_is_never_served(tmp_path):
+    """A payload whose header names another key or namespace (collision, foreign writer) is a miss."""
+    with manager(tmp_path, dram_blocks=0, cap=None) as tm:
+        ks = keys_of(0, 2)
+        other = PrefixKeyer(KVLayout(2, 1, 8, "float32", 16, model_id="another-model"))
+        forged, kv = new_block(ks[1], other.namespace, 16, 1, KV)
+        tm.stores[Tier.SSD].put_many([(ks[0], payload(ks[0])), (ks[1], bytes(forged[:-1]))])  # wrong size
+        tm.director.restore(Tier.SSD, [key_digest(k) for k in ks])
+        assert serve(tm, ks) == [Tier.SSD]
+        assert tm.counters["rejected"] == 1
+
+
+def test_failed_drive_blocks_become_misses_service_continues(tmp_path):
+    with manager(tmp_path, dram_blocks=0, ssd=(2, 8), cap=None) as tm:
+        ks = keys_of(0, 6)
+        serve(tm, ks)
+        tm.flush()
+        ssd = tm.stores[Tier.SSD]
+        on_drive1 = [i for i, k in enumerate(ks) if ssd.catalog.entries[key_digest(k)].extents[0][0] == 1]
+        cap_before = tm.director.capacity(Tier.SSD)
+        ssd.fail_drive(1)
+        assert serve(tm, ks) == [Tier.SSD] * min(on_drive1)
+        assert tm.director.capacity(Tier.SSD) < cap_before
+        for s in range(1, 6):  # keeps serving and writing to the surviving drive
+            serve(tm, keys_of(s, 4))
+        assert serve(tm, keys_of(5, 4)) == [Tier.SSD] * 4
+        assert all(e.extents[0][0] == 0 for e in ssd.catalog.entries.values())
+
+
+def test_real_io_error_drive_degrades(tmp_path):
+    """A drive whose I/O fails in the kernel (not a flag we set) is taken out; service continues."""
+    with manager(tmp_path, dram_blocks=0, ssd=(2, 8), cap=None) as tm:
+        ks = keys_of(0, 6)
+        serve(tm, ks)
+        tm.flush()
+        ssd = tm.stores[Tier.SSD]
+        ssd.config.error_threshold = 1
+        bad = ssd.drives[1]
+        os.close(bad.fd)
+        bad.fd = ssd.engine.fds[1] = os.open(bad.path, os.O_RDONLY)  # a directory: every pread fails EISDIR
+        got = serve(tm, ks)
+        assert len(got) < 6 and not bad.healthy
+        assert serve(tm, ks) == [Tier.SSD] * 6  # recomputed blocks went to the surviving drive
+
+
+class SlowEngine(IOEngine):
+    """Delays every completion by ``delay`` seconds: a slow drive for deadline tests."""
+
+    def __init__(self, inner: IOEngine, delay: float) -> None:
+        super().__init__(inner.queue_depth)
+        self.inner, self.delay, self.fds, self.stats = inner, delay, inner.fds, inner.stats
+        self._ready: list = []
+
+    def attach(self, drive, fd, stats):
+        self.inner.attach(drive, fd, stats)
+
+    def _submit(self, reqs):
+        self._due = time.perf_counter() + self.delay
+        self.inner._submit(reqs)
+
+    def poll(self, timeout=0.0):
+        wait = max(0.0, self._due - time.perf_counter())
+        if wait > 0:
+            time.sleep(wait if timeout is None else min(wait, timeout))
+            if time.perf_counter() < self._due:
+                return []
+        return self.inner.poll(timeout)
+
+    def inflight(self):
+        return self.inner.inflight()
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.mark.parametrize("mode, expect", [("best_effort", 0), ("timeout", 0), ("wait_complete", 4)])
+def test_prefetch_deadline_policies(tmp_path, mode, expect):
+    with manager(tmp_path, cap=None) as tm:
+        ks = keys_of(0, 4)
+        serve(tm, ks)
+        tm.flush()
+        tm.clear_dram()
+        ssd = tm.stores[Tier.SSD]
+        ssd.engine = SlowEngine(ssd.engine, 0.3)
+        t0 = time.perf_counter()
+        pf = tm.prefetch(ks, policy=PrefetchPolicy(mode, 0.05))
+        hit = pf.result()
+        took = time.perf_counter() - t0
+        assert len(hit) == expect
+        assert hit.late == 4 - expect
+        assert took < 0.25 if mode != "wait_complete" else took >= 0.3
+        hit.release()
+        ssd.engine = ssd.engine.inner
+        # Late blocks stay cached: once the reads land, the next request gets them.
+        assert serve(tm, ks) == [Tier.SSD] * 4 or mode == "wait_complete"
+
+
+def test_prefetch_overlaps_reads_with_other_work(tmp_path):
+    with manager(tmp_path, cap=None) as tm:
+        ks = keys_of(0, 4)
+        serve(tm, ks)
+        tm.clear_dram()
+        pf = tm.prefetch(ks)
+        while not pf.poll():  # the caller does other work meanwhile
+            time.sleep(0.001)
+        with pf.result() as hit:
+            assert hit.tiers == [Tier.SSD] * 4
+
+
+_RESTART_CHILD = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_tiers_manager import KEYER, manager, keys_of, payload
+from kvswarm.tiers import Tier
+import pathlib
+tm = manager(pathlib.Path({tmp!r}))
+hit = tm.lookup(keys_of(0, 5) + keys_of(1, 1))
+ok = all(bytes(v) == bytes(payload(k, i)) for i, (k, v) in enumerate(zip(hit.keys, hit.views)))
+print(len(hit), [t.name for t in hit.tiers][:1], ok, round(tm.reopen_seconds, 4))
+hit.release()
+tm.close()
+"""
+
+
+def test_warm_restart_finds_every_flushed_block(tmp_path):
+    tm = manager(tmp_path, write="write-back")
+    serve(tm, keys_of(0, 5))  # write-back: only in DRAM until the flush
+    tm.flush()
+    tm.close()
+    # A fresh interpreter with another hash seed: keys and residency must not depend on it.
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    code = _RESTART_CHILD.format(tests=os.path.dirname(__file__), tmp=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    n, first, ok, reopen = out.stdout.split(maxsplit=3)[0], *out.stdout.split()[1:4]
+    assert n == "5" and "SSD" in first and ok == "True"
+    assert float(reopen) < 5
