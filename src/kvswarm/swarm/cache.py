@@ -1,0 +1,202 @@
+"""DRAM hot-cluster cache policies with sizes, behind the tiers' ``EvictionPolicy`` interface.
+
+Units (cluster pieces, pages) have different sizes here, so both policies take
+``insert(key, size)`` and count capacity in the caller's unit (entries or bytes).
+
+* ``sized_lru`` -- least recently used, evicting until the newcomer fits.
+* ``cost_benefit`` -- the Swarm paper's score ``S = (f * T_base + s * T_transfer) / s`` for a
+  unit of size ``s`` read ``f`` times (decayed): the I/O time caching it saves per unit of
+  DRAM, where a read costs a fixed ``T_base`` (per-I/O latency, or 1/IOPS) plus ``s *
+  T_transfer``.  The lowest score leaves first, and a newcomer is admitted only if it beats
+  what it would displace (``admit``), so one-off reads of big units do not flush small hot
+  ones.  Frequencies are kept for at most ``ghosts`` non-resident units.
+
+The simulator imports these like the tiers' own policies (``make_eviction("cost_benefit", n)``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+
+from kvswarm.tiers.eviction import EvictionPolicy, register
+
+Key = Hashable
+
+
+@register
+class SizedLRU(EvictionPolicy):
+    name = "sized_lru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._d: OrderedDict[Key, int] = OrderedDict()
+        self.used = 0
+
+    def admit(self, key: Key, size: int = 1) -> bool:
+        return size <= self.capacity
+
+    def insert(self, key: Key, size: int = 1) -> list[Key]:
+        if key in self._d:
+            self._d.move_to_end(key)
+            return []
+        if size > self.capacity:
+            return [key]
+        out = []
+        while self.used + size > self.capacity:
+            out.append(self._evict_one())
+        self._d[key] = size
+        self.used += size
+        return out
+
+    def touch(self, key: Key) -> bool:
+        if key in self._d:
+            self._d.move_to_end(key)
+            return True
+        return False
+
+    def remove(self, key: Key) -> bool:
+        if key in self._d:
+            self.used -= self._d.pop(key)
+            return True
+        return False
+
+    def _evict_one(self) -> Key:
+        k, s = self._d.popitem(last=False)
+        self.used -= s
+        return k
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __len__(self) -> int:
+        return self.used
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(list(self._d))
+
+
+@register
+class CostBenefit(EvictionPolicy):
+    name = "cost_benefit"
+
+    def __init__(self, capacity: int, t_base: float = 1.0, t_transfer: float = 0.0, decay: float = 0.98,
+                 ghosts: int = 1 << 16) -> None:
+        super().__init__(capacity)
+        self.t_base, self.t_transfer, self.decay, self.ghosts = t_base, t_transfer, decay, ghosts
+        self._size: dict[Key, int] = {}  # resident
+        # Frequencies are kept scaled to epoch 0 (f * decay**-epoch): decay is the same for every
+        # key, so the order of scores never changes by itself and a lazy heap stays valid.
+        self._fref: OrderedDict[Key, float] = OrderedDict()
+        self._heap: list[tuple[float, int, Key]] = []
+        self._seq = 0
+        self.epoch = 0
+        self.used = 0
+
+    # ---- frequencies ----
+    def tick(self) -> None:
+        """One decode step passed: older reads weigh ``decay`` less."""
+        self.epoch += 1
+        if self.epoch >= 4096:  # rescale before decay**-epoch grows large
+            k = self.decay ** self.epoch
+            for key in self._fref:
+                self._fref[key] *= k
+            self.epoch = 0
+            self._heap = []
+            for key in self._size:
+                self._push(key)
+
+    def freq(self, key: Key) -> float:
+        return self._fref.get(key, 0.0) * self.decay ** self.epoch
+
+    def record(self, key: Key) -> None:
+        """Count a read of ``key`` (resident or not)."""
+        self._fref[key] = self._fref.get(key, 0.0) + self.decay ** -self.epoch
+        self._fref.move_to_end(key)
+        if key in self._size:
+            self._push(key)
+        while len(self._fref) > self.ghosts:
+            k = next(iter(self._fref))
+            if k in self._size:  # never forget a resident's count; drop the oldest ghost instead
+                self._fref.move_to_end(k)
+                continue
+            del self._fref[k]
+
+    def score(self, key: Key, size: int) -> float:
+        return (self.freq(key) * self.t_base + size * self.t_transfer) / max(size, 1)
+
+    def _ref(self, key: Key) -> float:
+        return self._fref.get(key, 0.0) / max(self._size[key], 1)
+
+    def _push(self, key: Key) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (self._ref(key), self._seq, key))
+
+    def _pop_valid(self) -> tuple[float, int, Key] | None:
+        while self._heap:
+            r, q, k = heapq.heappop(self._heap)
+            if k in self._size and r == self._ref(k):
+                return r, q, k
+        return None
+
+    # ---- residency ----
+    def _victims(self, size: int) -> list[Key]:
+        """The lowest-scoring residents that must leave for ``size`` to fit (heap restored)."""
+        need = self.used + size - self.capacity
+        taken: list[tuple[float, int, Key]] = []
+        freed = 0
+        while freed < need and (item := self._pop_valid()) is not None:
+            taken.append(item)
+            freed += self._size[item[2]]
+        for item in taken:
+            heapq.heappush(self._heap, item)
+        return [k for _, _, k in taken]
+
+    def admit(self, key: Key, size: int = 1) -> bool:
+        """Whether ``key`` should enter: it fits, or it scores above everything it would evict."""
+        if key in self._size:
+            return True
+        if size > self.capacity:
+            return False
+        mine = self.score(key, size)
+        return all(self.score(k, self._size[k]) < mine for k in self._victims(size))
+
+    def insert(self, key: Key, size: int = 1) -> list[Key]:
+        if key in self._size:
+            return []
+        if size > self.capacity:
+            return [key]
+        out = self._victims(size)
+        for k in out:
+            self.used -= self._size.pop(k)
+        self._size[key] = size
+        self.used += size
+        self._fref.setdefault(key, 0.0)
+        self._push(key)
+        return out
+
+    def touch(self, key: Key) -> bool:
+        self.record(key)
+        return key in self._size
+
+    def remove(self, key: Key) -> bool:
+        if key in self._size:
+            self.used -= self._size.pop(key)
+            return True
+        return False
+
+    def _evict_one(self) -> Key:
+        item = self._pop_valid()
+        assert item is not None
+        self.used -= self._size.pop(item[2])
+        return item[2]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._size
+
+    def __len__(self) -> int:
+        return self.used
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(sorted(self._size, key=lambda k: self.score(k, self._size[k])))

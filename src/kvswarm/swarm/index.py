@@ -1,0 +1,104 @@
+"""The cluster index: a selector that picks whole co-activation clusters per decode step.
+
+DRAM holds, per layer, one representative per cluster, never all keys:
+
+* ``score="medoid"`` (the Swarm paper): each cluster's medoid key.  A cluster's attention mass
+  is estimated as if every member had the medoid's logit (``|c| * exp(logit)``, normalised with
+  the resident entries), per query head, summed over heads.
+* ``score="pq"`` (kvswarm): product-quantized codes of every entry (the k-means/PQ index of
+  :mod:`kvswarm.sparse.kmeans`, a few percent of the keys); a cluster's estimate is the sum
+  of its members' approximate attention mass.
+
+Clusters are taken by decreasing estimated mass per entry (``pick="density"``, the greedy
+knapsack answer to "most mass for the bytes") or by mass (``pick="mass"``) until ``budget``
+entries are covered (``mode="topk"``), or every cluster whose estimate reaches ``threshold``
+of the estimated offloaded mass is taken (``mode="threshold"``).  The selection is the union
+of the chosen clusters' members; ``last`` keeps the chosen cluster ids for the retrieval path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from kvswarm.sparse.base import Selection, Selector, StepQuery, gqa_logits, head_lse, register
+from kvswarm.sparse.kmeans import KMeansPQSelector
+from kvswarm.swarm.cluster import Clusters
+
+ClusterSource = Callable[[int], Clusters]  # layer -> that layer's clusters
+
+
+@register
+class ClusterSelector(Selector):
+    name = "swarm"
+
+    def __init__(self, clusters: ClusterSource | dict[int, Clusters] | None = None, score: str = "medoid",
+                 pick: str = "density", mode: str = "topk", threshold: float = 0.01, centroids: int = 64,
+                 subspaces: int = 2) -> None:
+        if score not in ("medoid", "pq") or pick not in ("density", "mass") or mode not in ("topk", "threshold"):
+            raise ValueError(f"bad ClusterSelector options score={score!r} pick={pick!r} mode={mode!r}")
+        if clusters is None:
+            raise ValueError("ClusterSelector needs the clusters of each layer (from a co-activation profile)")
+        self._source = clusters.__getitem__ if isinstance(clusters, dict) else clusters
+        self.score, self.pick, self.mode, self.threshold = score, pick, mode, threshold
+        self._pq = KMeansPQSelector(centroids, subspaces) if score == "pq" else None
+        self._clusters: dict[int, Clusters] = {}
+        self._medoid_keys: dict[int, torch.Tensor] = {}
+        self._member_idx: dict[int, torch.Tensor] = {}  # concatenated member indices (into positions)
+        self._seg: dict[int, torch.Tensor] = {}  # cluster id of each concatenated member
+        self._sizes: dict[int, torch.Tensor] = {}
+        self._base: dict[int, int] = {}
+        self.last: dict[int, np.ndarray] = {}
+
+    def build(self, layer: int, keys: torch.Tensor, positions: np.ndarray) -> None:
+        cl = self._source(layer)
+        positions = np.asarray(positions, np.int64)
+        base = int(positions[0]) if len(positions) else 0
+        if len(positions) and not np.array_equal(positions, np.arange(base, base + len(positions))):
+            raise ValueError("ClusterSelector expects the offloaded positions to be one contiguous range")
+        self._clusters[layer], self._base[layer] = cl, base
+        med = torch.from_numpy(cl.medoids - base)
+        self._medoid_keys[layer] = keys.to(torch.float32).index_select(1, med).contiguous()
+        self._sizes[layer] = torch.from_numpy(cl.sizes.astype(np.float32))
+        if self._pq is not None:
+            self._pq.build(layer, keys, positions)
+            self._member_idx[layer] = torch.from_numpy(np.concatenate(cl.members) - base)
+            self._seg[layer] = torch.from_numpy(np.repeat(np.arange(len(cl)), cl.sizes))
+
+    def cluster_mass(self, q: StepQuery) -> torch.Tensor:
+        """Estimated attention mass of each cluster (summed over query heads)."""
+        res = gqa_logits(q.query, q.resident_keys, q.scale)
+        if self._pq is None:
+            ml = gqa_logits(q.query, self._medoid_keys[q.layer], q.scale) + torch.log(self._sizes[q.layer])[None]
+            return torch.exp(ml - head_lse(ml, res)[:, None]).sum(0)
+        off = self._pq.approx_logits(q)
+        mass = torch.exp(off - head_lse(off, res)[:, None]).sum(0)
+        out = torch.zeros(len(self._sizes[q.layer]))
+        return out.index_add_(0, self._seg[q.layer], mass[self._member_idx[q.layer]])
+
+    def select(self, q: StepQuery, budget: int) -> Selection:
+        cl = self._clusters[q.layer]
+        est = self.cluster_mass(q)
+        sizes = self._sizes[q.layer]
+        if self.mode == "threshold":
+            chosen = torch.nonzero(est >= self.threshold * est.sum()).ravel().numpy()
+        else:
+            key = est / sizes if self.pick == "density" else est
+            order = torch.argsort(key, descending=True).numpy()
+            covered = np.cumsum(cl.sizes[order])
+            chosen = order[:int(np.searchsorted(covered, budget)) + 1]
+        self.last[q.layer] = np.sort(chosen)
+        pos = np.concatenate([cl.members[c] for c in chosen]) if len(chosen) else np.zeros(0, np.int64)
+        sc = np.concatenate([np.full(len(cl.members[c]), float(est[c]) / len(cl.members[c]), np.float32)
+                             for c in chosen]) if len(chosen) else np.zeros(0, np.float32)
+        pos, first = np.unique(pos, return_index=True)  # overlapping clusters: each entry once
+        return Selection(pos, sc[first])
+
+    def index_bytes(self) -> int:
+        n = sum(k.numel() * 4 for k in self._medoid_keys.values())
+        return n + (self._pq.index_bytes() if self._pq is not None else 0)
+
+    def describe(self) -> str:
+        return f"swarm({self.score},{self.pick},{self.mode})"

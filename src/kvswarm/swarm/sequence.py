@@ -1,0 +1,200 @@
+"""A prompt's KV on the drives as cluster pieces with replicas, read through the Swarm retrieval.
+
+``SwarmSequence`` is an ``EntrySource`` (the offload package's interface), so the same
+``OffloadedKVCache`` decodes from it; it differs from ``StoreSequence`` in what a read does:
+each layer's request goes through a :class:`~kvswarm.swarm.retrieval.Retriever` (dedup
+against the DRAM cache, replica choice per drive) and is submitted to the store as one batch
+across all drives.  Pieces are written with drive hints for :class:`SwarmPlacement`; the
+drive of every copy is then read from the store's catalog, so the plan follows where the
+data actually is (spills, failed drives).
+
+Store keys: ``b"kvsw/swarm/1/" + layout fingerprint + salt + sequence id + (layer, piece, copy)``.
+A copy that is missing or fails its checksum is a miss (the cache recomputes), never data.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+from kvswarm.errors import DriveError
+from kvswarm.format import key_digest
+from kvswarm.layout import KVLayout
+from kvswarm.offload.sequence import (
+    EntrySource,
+    Fetched,
+    FetchHandle,
+    Geometry,
+    LayerKV,
+    _check_kv,
+    entries_array,
+    entries_to_kv,
+)
+from kvswarm.store import KVStore
+from kvswarm.swarm.layout import LayerLayout
+from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
+
+PREFIX = b"kvsw/swarm/1/"
+
+
+@dataclass
+class LayerStats:
+    """What one layer read cost (for benchmarks)."""
+
+    plan: ReadPlan
+    io_s: float
+
+
+class _SwarmFetch(FetchHandle):
+    def __init__(self, seq: SwarmSequence, layer: int, positions: np.ndarray, plan: ReadPlan,
+                 extra: Sequence[tuple[int, int]] = ()) -> None:
+        self.seq, self.layer, self.positions, self.plan = seq, layer, positions, plan
+        reads = list(plan.reads) + list(extra)
+        self.reads = reads
+        self.t0 = time.perf_counter()
+        self.handle = seq.store.submit_get([seq.key(layer, p, c) for p, c in reads]) if reads else None
+        self._result: Fetched | None = None
+
+    def poll(self) -> bool:
+        return self.handle is None or self.handle.poll()
+
+    def wait(self) -> Fetched:
+        if self._result is not None:
+            return self._result
+        seq, lay = self.seq, self.seq.layout
+        shape = (2, lay.num_kv_heads, lay.head_dim)
+        dtype = lay.numpy_dtype()
+        pieces = seq.layouts[self.layer].pieces
+        got: dict[int, np.ndarray] = {}
+        missing_pieces = 0
+        if self.handle is not None:
+            with self.handle.wait() as res:
+                for (p, _), view in zip(self.reads, res.views):
+                    n = len(pieces[p].positions)
+                    if view is None or len(view) != n * lay.entry_bytes:
+                        missing_pieces += 1
+                        continue
+                    got[p] = np.frombuffer(view, dtype).reshape(n, *shape).copy()
+        io_s = time.perf_counter() - self.t0
+        self.seq.last = LayerStats(self.plan, io_s)
+        cache = self.seq.cache
+        if cache is not None:
+            cache.after_read(self.layer, [p for p, _ in self.plan.reads if p in got], self.plan.cached_used)
+            for p in got:  # what the cache took stays in DRAM
+                if cache.mask(self.layer, len(pieces))[p]:
+                    self.seq.dram[(self.layer, p)] = got[p]
+            self.seq._drop_evicted(self.layer)
+        m = len(self.positions)
+        out = np.zeros((m, *shape), dtype)
+        have = np.zeros(m, bool)
+        slot = {int(x): i for i, x in enumerate(self.positions)}
+        sources = list(got.items()) + [(p, self.seq.dram[(self.layer, p)]) for p in self.plan.cached_used.tolist()
+                                       if (self.layer, p) in self.seq.dram]
+        for p, rows in sources:
+            for j, pos in enumerate(pieces[p].positions.tolist()):
+                i = slot.get(pos)
+                if i is not None and not have[i]:
+                    out[i] = rows[j]
+                    have[i] = True
+        k, v = entries_to_kv(out, lay)
+        self._result = Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces,
+                               sum(len(pieces[p].positions) for p in got) * lay.entry_bytes, io_s)
+        return self._result
+
+
+class SwarmSequence(EntrySource):
+    def __init__(self, store: KVStore, layout: KVLayout, geometry: Geometry, token_ids: np.ndarray,
+                 layouts: list[LayerLayout], salt: bytes, seq_id: bytes, *, assign: str = "makespan",
+                 dedup: bool = True, cache: UnitCache | None = None, model: DriveModel | None = None) -> None:
+        self.store, self.layout, self.geometry, self.token_ids = store, layout, geometry, token_ids
+        self.layouts, self.salt, self.seq_id = layouts, salt, seq_id
+        self._prefix = PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
+        self.cache = cache
+        self.dram: dict[tuple[int, int], np.ndarray] = {}
+        self.last: LayerStats | None = None
+        self._keys: list[torch.Tensor] = []
+        self._resident: list[LayerKV] = []
+        self.retrievers: list[Retriever] = []
+        self.assign, self.dedup, self.model = assign, dedup, model or DriveModel()
+
+    def key(self, layer: int, piece: int, copy: int) -> bytes:
+        return self._prefix + struct.pack("<HIB", layer, piece, copy)
+
+    @classmethod
+    def create(cls, store: KVStore, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout,
+               layouts: list[LayerLayout], *, sinks: int = 4, window: int = 64, salt: bytes = b"",
+               seq_id: bytes | None = None, **kw) -> SwarmSequence:
+        tokens = np.asarray(token_ids, np.int64)
+        _check_kv(kv, layout, len(tokens))
+        geo = Geometry(len(tokens), sinks, window)
+        seq_id = seq_id or xxhash.xxh3_128_digest(tokens.tobytes() + repr((sinks, window, id(layouts))).encode())
+        seq = cls(store, layout, geo, tokens, layouts, salt, seq_id, **kw)
+        off = geo.offloaded
+        for layer, (k, v) in enumerate(kv):
+            lay = layouts[layer]
+            held = np.zeros(len(tokens), bool)
+            for p in lay.pieces:
+                held[p.positions] = True
+            if not held[off].all():
+                raise ValueError(f"layer {layer}: the layout leaves offloaded entries without a piece")
+            ent = entries_array(k, v, np.arange(len(tokens), dtype=np.int64))
+            items, hints = [], []
+            for i, p in enumerate(lay.pieces):
+                data = np.ascontiguousarray(ent[p.positions])
+                for c, h in enumerate(p.drives):
+                    items.append((seq.key(layer, i, c), data))
+                    hints.append(h)
+            ok = store.put_many(items, hints)
+            if not all(ok):
+                raise DriveError(f"layer {layer}: {ok.count(False)} of {len(items)} pieces failed to write")
+            seq._keys.append(k[0, :, geo.off_start:geo.off_end].clone())
+            seq._resident.append((k[0][:, geo.resident].clone(), v[0][:, geo.resident].clone()))
+        store.flush()
+        seq._build_retrievers()
+        return seq
+
+    def _build_retrievers(self) -> None:
+        """Retrievers over where each copy actually is (the store's catalog)."""
+        ents = self.store.catalog.entries
+        self.retrievers = []
+        for layer, lay in enumerate(self.layouts):
+            drives = [[ents[key_digest(self.key(layer, i, c))].extents[0][0] for c in range(len(p.drives))]
+                      for i, p in enumerate(lay.pieces)]
+            self.retrievers.append(Retriever(lay.holders(self.geometry.prompt_len),
+                                             np.array([len(p.positions) for p in lay.pieces]), drives,
+                                             self.layout.entry_bytes, len(self.store.drives), self.model,
+                                             self.assign, self.dedup))
+
+    def _drop_evicted(self, layer: int) -> None:
+        if self.cache is None:
+            return
+        for key in [k for k in self.dram if not self.cache.mask(k[0], len(self.layouts[k[0]].pieces))[k[1]]]:
+            del self.dram[key]
+
+    # ---- EntrySource ----
+    def resident(self, layer):
+        return self._resident[layer]
+
+    def offloaded_keys(self, layer):
+        return self._keys[layer]
+
+    def plan(self, layer: int, positions: np.ndarray) -> ReadPlan:
+        return self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer)
+
+    def submit(self, layer, positions, extra: Sequence[tuple[int, int]] = ()):
+        positions = np.asarray(positions, np.int64)
+        return _SwarmFetch(self, layer, positions, self.plan(layer, positions), extra)
+
+    def submit_plan(self, layer: int, positions: np.ndarray, plan: ReadPlan) -> _SwarmFetch:
+        """Read an already computed plan (benchmarks time planning and I/O apart)."""
+        return _SwarmFetch(self, layer, np.asarray(positions, np.int64), plan)
+
+    def object_count(self) -> int:
+        return sum(lay.copies() for lay in self.layouts)
+
