@@ -1,0 +1,389 @@
+"""An offloaded prompt: its KV entries on the drives (or in memory), fetched by position.
+
+After prefill, the entries of positions ``[sinks, prompt_len - window)`` of every layer move
+to an ``EntrySource``; the first ``sinks`` and last ``window`` positions stay resident in DRAM
+(the attention sinks and the recent window carry ~half the attention mass and are read
+every step).  ``StoreSequence`` writes the offloaded entries as pages (see grouping.py) into
+a ``KVStore`` striped over the drives, plus the resident entries and a manifest, so a later
+process can reopen it; ``MemorySequence`` keeps them in tensors for I/O-free experiments
+(traces, quality sweeps).  Both answer the same submit-then-wait ``fetch``.
+
+Store keys: ``b"kvsw/sparse/1/" + layout fingerprint + salt + sequence id + (layer, page)``
+for pages and residents; the manifest key leaves the fingerprint out so that opening a
+sequence with another model's layout is *refused* (``LayoutMismatch``) rather than missed.
+"""
+
+from __future__ import annotations
+
+import abc
+import io
+import json
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+from kvswarm.errors import DriveError, KVSwarmError, LayoutMismatch
+from kvswarm.layout import KVLayout
+from kvswarm.offload.grouping import Grouping, PageTable, entries_per_page, make_grouping
+from kvswarm.store import KVStore
+
+PAGE_PREFIX = b"kvsw/sparse/1/"
+MANIFEST_PREFIX = b"kvsw/seqman/1/"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [1, kv_heads, tokens, head_dim]
+
+
+class KVMissing(KVSwarmError):
+    """Offloaded entries could not be read back and no recompute path was given."""
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Which prompt positions stay resident and which are offloaded."""
+
+    prompt_len: int
+    sinks: int = 4
+    window: int = 64
+
+    def __post_init__(self) -> None:
+        if min(self.prompt_len, self.sinks, self.window) < 0:
+            raise ValueError("prompt_len, sinks and window must be non-negative")
+
+    @property
+    def off_start(self) -> int:
+        return min(self.sinks, self.prompt_len)
+
+    @property
+    def off_end(self) -> int:
+        return max(self.off_start, self.prompt_len - self.window)
+
+    @property
+    def offloaded(self) -> np.ndarray:
+        return np.arange(self.off_start, self.off_end, dtype=np.int64)
+
+    @property
+    def resident(self) -> np.ndarray:
+        return np.concatenate([np.arange(self.off_start), np.arange(self.off_end, self.prompt_len)]).astype(np.int64)
+
+
+@dataclass
+class Fetched:
+    """Entries read for one layer, in the order requested; rows listed in ``missing`` are zero
+    and must not be used (their pages were missing, torn or corrupt)."""
+
+    keys: torch.Tensor  # [kv_heads, m, head_dim]
+    values: torch.Tensor
+    missing: np.ndarray  # indices into the request
+    pages: int = 0
+    pages_missing: int = 0
+    payload_bytes: int = 0  # bytes of entries read (pages x entries x entry bytes)
+    io_s: float = 0.0  # submit -> data verified in DRAM
+
+
+class FetchHandle(abc.ABC):
+    @abc.abstractmethod
+    def poll(self) -> bool:
+        """Non-blocking: True when ``wait`` will not block."""
+
+    @abc.abstractmethod
+    def wait(self) -> Fetched: ...
+
+
+class EntrySource(abc.ABC):
+    """Where the offloaded entries of one prompt live."""
+
+    layout: KVLayout
+    geometry: Geometry
+    token_ids: np.ndarray
+
+    @abc.abstractmethod
+    def resident(self, layer: int) -> LayerKV:
+        """K, V [kv_heads, r, head_dim] of the resident prompt positions (``geometry.resident``)."""
+
+    @abc.abstractmethod
+    def submit(self, layer: int, positions: np.ndarray) -> FetchHandle:
+        """Start reading the entries of ``positions`` (offloaded positions of ``layer``)."""
+
+    def fetch(self, layer: int, positions: np.ndarray) -> Fetched:
+        return self.submit(layer, positions).wait()
+
+    @abc.abstractmethod
+    def offloaded_keys(self, layer: int) -> torch.Tensor:
+        """Keys [kv_heads, n, head_dim] of all offloaded entries (to build a selector's index)."""
+
+    def repair(self, layer: int, positions: np.ndarray, kv: LayerKV) -> int:
+        """Rewrite the storage holding ``positions`` from recomputed prompt KV; returns objects written."""
+        return 0
+
+    def object_count(self) -> int:
+        return 0
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _check_kv(kv: Sequence[LayerKV], layout: KVLayout, n: int) -> None:
+    if len(kv) != layout.num_layers:
+        raise LayoutMismatch(f"{len(kv)} layers of KV for a {layout.num_layers}-layer layout")
+    want = TORCH_DTYPES.get(layout.dtype)
+    for i, (k, v) in enumerate(kv):
+        if k.dim() != 4 or k.shape[0] != 1 or k.shape[1] != layout.num_kv_heads or k.shape[2] < n \
+                or k.shape[3] != layout.head_dim or k.shape != v.shape or k.dtype != want:
+            raise LayoutMismatch(f"layer {i} KV {tuple(k.shape)} {k.dtype} does not match {layout} "
+                                 f"(need [1, {layout.num_kv_heads}, >={n}, {layout.head_dim}] {want})")
+
+
+def entries_array(k: torch.Tensor, v: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    """Entries of ``positions`` as [n, 2, kv_heads, head_dim] raw (numpy) in storage order."""
+    idx = torch.from_numpy(positions)
+    e = torch.stack([k[0].index_select(1, idx), v[0].index_select(1, idx)]).permute(2, 0, 1, 3).contiguous()
+    return e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
+
+
+def entries_to_kv(rows: np.ndarray, layout: KVLayout) -> LayerKV:
+    """Inverse of entries_array: [n, 2, h, d] raw -> K, V [h, n, d] tensors of the layout dtype."""
+    t = torch.from_numpy(rows.view(np.int16)).view(torch.bfloat16) if layout.dtype == "bfloat16" \
+        else torch.from_numpy(rows)
+    t = t.permute(1, 2, 0, 3)
+    return t[0], t[1]
+
+
+def kv_from_cache(cache) -> list[LayerKV]:
+    """(K, V) per layer of a transformers DynamicCache (or any Cache with .layers[i].keys)."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+# ---- in memory ----------------------------------------------------------------------------
+class _Done(FetchHandle):
+    def __init__(self, f: Fetched) -> None:
+        self._f = f
+
+    def poll(self) -> bool:
+        return True
+
+    def wait(self) -> Fetched:
+        return self._f
+
+
+class MemorySequence(EntrySource):
+    """Offloaded entries kept in DRAM tensors: same interface, no I/O (traces, quality sweeps)."""
+
+    def __init__(self, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout, sinks: int = 4,
+                 window: int = 64) -> None:
+        n = len(token_ids)
+        _check_kv(kv, layout, n)
+        self.layout, self.geometry = layout, Geometry(n, sinks, window)
+        self.token_ids = np.asarray(token_ids, np.int64)
+        self._kv = [(k[0, :, :n].clone(), v[0, :, :n].clone()) for k, v in kv]
+
+    def resident(self, layer):
+        idx = torch.from_numpy(self.geometry.resident)
+        k, v = self._kv[layer]
+        return k.index_select(1, idx), v.index_select(1, idx)
+
+    def submit(self, layer, positions):
+        k, v = self._kv[layer]
+        idx = torch.from_numpy(np.asarray(positions, np.int64))
+        return _Done(Fetched(k.index_select(1, idx), v.index_select(1, idx), np.zeros(0, np.int64)))
+
+    def offloaded_keys(self, layer):
+        return self._kv[layer][0][:, self.geometry.off_start:self.geometry.off_end]
+
+
+# ---- on the drives ------------------------------------------------------------------------
+class _StoreFetch(FetchHandle):
+    def __init__(self, seq: StoreSequence, layer: int, positions: np.ndarray) -> None:
+        self.seq, self.layer, self.positions = seq, layer, positions
+        table = seq.tables[layer]
+        pg = table.page_of[positions]
+        if len(positions) and (pg < 0).any():
+            raise ValueError(f"layer {layer}: positions {positions[pg < 0][:5]} are not offloaded")
+        self.pages, self.inv = np.unique(pg, return_inverse=True)
+        self.t0 = time.perf_counter()
+        self.handle = seq.store.submit_get([seq.page_key(layer, int(p)) for p in self.pages]) if len(self.pages) \
+            else None
+        self._result: Fetched | None = None
+
+    def poll(self) -> bool:
+        return self.handle is None or self.handle.poll()
+
+    def wait(self) -> Fetched:
+        if self._result is not None:
+            return self._result
+        seq, lay = self.seq, self.seq.layout
+        shape = (2, lay.num_kv_heads, lay.head_dim)
+        dtype = lay.numpy_dtype()
+        table = seq.tables[self.layer]
+        m = len(self.positions)
+        ok = np.zeros(len(self.pages), bool)
+        base = np.zeros(len(self.pages), np.int64)
+        arrays, off = [], 0
+        if self.handle is not None:
+            with self.handle.wait() as res:
+                for i, (p, view) in enumerate(zip(self.pages, res.views)):
+                    n = len(table.pages[p])
+                    # A payload of the wrong size is as bad as a checksum failure: a miss.
+                    if view is None or len(view) != n * lay.entry_bytes:
+                        continue
+                    arrays.append(np.frombuffer(view, dtype).reshape(n, *shape))
+                    ok[i], base[i] = True, off
+                    off += n
+                rows = np.concatenate(arrays) if arrays else np.zeros((0, *shape), dtype)  # copies out of the lease
+                arrays.clear()  # drop the exports of the lease's views before it is released
+        else:
+            rows = np.zeros((0, *shape), dtype)
+        io_s = time.perf_counter() - self.t0
+        hit = ok[self.inv] if m else np.zeros(0, bool)
+        out = np.zeros((m, *shape), dtype)
+        out[hit] = rows[(base[self.inv] + table.slot_of[self.positions])[hit]]
+        k, v = entries_to_kv(out, lay)
+        self._result = Fetched(k, v, np.flatnonzero(~hit), len(self.pages), int((~ok).sum()),
+                               len(rows) * lay.entry_bytes, io_s)
+        return self._result
+
+
+class StoreSequence(EntrySource):
+    """A prompt's KV offloaded to a KVStore: pages of entries striped over the drives."""
+
+    def __init__(self, store: KVStore, layout: KVLayout, geometry: Geometry, token_ids: np.ndarray,
+                 tables: list[PageTable], page_bytes: int, grouping: str, salt: bytes, seq_id: bytes) -> None:
+        self.store, self.layout, self.geometry = store, layout, geometry
+        self.token_ids, self.tables, self.page_bytes, self.grouping = token_ids, tables, page_bytes, grouping
+        self.salt, self.seq_id = salt, seq_id
+        self._prefix = PAGE_PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
+        self._index_keys: list[torch.Tensor] | None = None
+        self._resident: list[LayerKV] | None = None
+
+    # ---- keys ----
+    def page_key(self, layer: int, page: int) -> bytes:
+        return self._prefix + struct.pack("<HI", layer, page)
+
+    def resident_key(self, layer: int) -> bytes:
+        return self._prefix + b"r" + struct.pack("<H", layer)
+
+    @staticmethod
+    def manifest_key(salt: bytes, seq_id: bytes) -> bytes:
+        return MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
+
+    # ---- create / open ----
+    @classmethod
+    def create(cls, store: KVStore, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout, *,
+               sinks: int = 4, window: int = 64, page_bytes: int = 4096, grouping: str | Grouping = "contiguous",
+               salt: bytes = b"", seq_id: bytes | None = None, keep_index_keys: bool = True) -> StoreSequence:
+        """Write the offloadable entries of ``kv`` (prefill KV of ``token_ids``) to ``store``."""
+        tokens = np.asarray(token_ids, np.int64)
+        n = len(tokens)
+        _check_kv(kv, layout, n)
+        geo = Geometry(n, sinks, window)
+        grouper = make_grouping(grouping)
+        cap = entries_per_page(page_bytes, layout.entry_bytes)
+        if seq_id is None:
+            seq_id = xxhash.xxh3_128_digest(tokens.tobytes() + json.dumps(
+                [asdict(geo), page_bytes, grouper.describe()]).encode())
+        off = geo.offloaded
+        tables = []
+        seq = cls(store, layout, geo, tokens, tables, page_bytes, grouper.describe(), salt, seq_id)
+        index_keys = []
+        for layer, (k, v) in enumerate(kv):
+            keys = k[0, :, geo.off_start:geo.off_end]
+            groups = grouper.group(layer, off, keys, cap)
+            table = PageTable.from_groups(groups, n, cap)
+            if len(off) and (table.page_of[off] < 0).any():
+                raise ValueError(f"grouping {grouper.describe()} left layer {layer} entries unplaced")
+            tables.append(table)
+            ent = entries_array(k, v, np.arange(n, dtype=np.int64))
+            items = [(seq.page_key(layer, i), np.ascontiguousarray(ent[g.positions])) for i, g in enumerate(groups)]
+            items.append((seq.resident_key(layer), np.ascontiguousarray(ent[geo.resident])))
+            stored = store.put_many(items, [g.hint for g in groups] + [None])
+            if not all(stored):
+                raise DriveError(f"layer {layer}: {stored.count(False)} of {len(items)} pages failed to write")
+            if keep_index_keys:
+                index_keys.append(keys.clone())
+        seq._index_keys = index_keys if keep_index_keys else None
+        store.put(cls.manifest_key(salt, seq_id), seq._manifest())
+        store.flush()
+        return seq
+
+    def _manifest(self) -> bytes:
+        meta = {"layout": asdict(self.layout), "fingerprint": self.layout.fingerprint().hex(),
+                "geometry": asdict(self.geometry), "page_bytes": self.page_bytes, "grouping": self.grouping}
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), tokens=self.token_ids,
+                 page_of=np.stack([t.page_of for t in self.tables]), slot_of=np.stack([t.slot_of for t in self.tables]))
+        return buf.getvalue()
+
+    @classmethod
+    def open(cls, store: KVStore, layout: KVLayout, seq_id: bytes, salt: bytes = b"") -> StoreSequence:
+        """Reopen a stored sequence; refuses (LayoutMismatch) a layout other than the one it was written with."""
+        raw = store.get(cls.manifest_key(salt, seq_id))
+        if raw is None:
+            raise KeyError(f"no offloaded sequence {seq_id.hex()} in this store")
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            tokens, page_of, slot_of = z["tokens"], z["page_of"], z["slot_of"]
+        if meta["fingerprint"] != layout.fingerprint().hex():
+            raise LayoutMismatch(f"sequence {seq_id.hex()} was stored for {KVLayout(**meta['layout'])}, "
+                                 f"not {layout}")
+        tables = []
+        for po, so in zip(page_of, slot_of):
+            pos = np.flatnonzero(po >= 0)
+            order = pos[np.lexsort((so[pos], po[pos]))]
+            counts = np.bincount(po[order]) if len(order) else np.zeros(0, np.int64)
+            tables.append(PageTable(po, so, np.split(order.astype(np.int64), np.cumsum(counts)[:-1])
+                                    if len(order) else []))
+        return cls(store, layout, Geometry(**meta["geometry"]), tokens, tables, meta["page_bytes"],
+                   meta["grouping"], salt, seq_id)
+
+    # ---- reads ----
+    def resident(self, layer):
+        if self._resident is None:
+            self._resident = []
+            with self.store.get_many([self.resident_key(i) for i in range(self.layout.num_layers)]) as res:
+                r = len(self.geometry.resident)
+                for i, view in enumerate(res.views):
+                    if view is None or len(view) != r * self.layout.entry_bytes:
+                        raise KVMissing(f"resident entries of layer {i} are missing or corrupt")
+                    rows = np.frombuffer(view, self.layout.numpy_dtype()).reshape(
+                        r, 2, self.layout.num_kv_heads, self.layout.head_dim).copy()
+                    self._resident.append(entries_to_kv(rows, self.layout))
+        return self._resident[layer]
+
+    def submit(self, layer, positions):
+        return _StoreFetch(self, layer, np.asarray(positions, np.int64))
+
+    def offloaded_keys(self, layer):
+        if self._index_keys is not None:
+            return self._index_keys[layer]
+        f = self.fetch(layer, self.geometry.offloaded)
+        if len(f.missing):
+            raise KVMissing(f"layer {layer}: {len(f.missing)} offloaded entries unreadable while indexing")
+        return f.keys
+
+    def repair(self, layer, positions, kv):
+        table = self.tables[layer]
+        pages = np.unique(table.page_of[positions])
+        k, v = kv
+        items = [(self.page_key(layer, int(p)), entries_array(k, v, table.pages[p])) for p in pages]
+        return sum(self.store.put_many(items))
+
+    def object_count(self) -> int:
+        return sum(len(t.pages) for t in self.tables)
+
+    def delete(self) -> None:
+        """Remove this sequence's objects from the store."""
+        for layer, t in enumerate(self.tables):
+            for p in range(len(t.pages)):
+                self.store.delete(self.page_key(layer, p))
+            self.store.delete(self.resident_key(layer))
+        self.store.delete(self.manifest_key(self.salt, self.seq_id))
+
+
+def offload(kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout, store: KVStore | None = None,
+            **kw) -> EntrySource:
+    """Offload a prompt's prefill KV: to ``store`` (a StoreSequence) or, without one, to memory."""
+    if store is None:
+        return MemorySequence(kv, token_ids, layout, kw.get("sinks", 4), kw.get("window", 64))
+    return StoreSequence.create(store, kv, token_ids, layout, **kw)
