@@ -19,11 +19,11 @@ VERSION = 1
 
 # magic u32, version u16, flags u16, key digest 16s, payload length u32, part u16,
 # parts u16, generation u64, payload xxh3-64 u64, reserved 8s | header xxh32 (of bytes 0-55) u32, pad 4s
-_BODY = struct.Struct("<IHH16sIHHQQ8s")
-_TAIL = struct.Struct("<I4x")
+HEADER_BODY = struct.Struct("<IHH16sIHHQQ8s")  # the part the header checksum covers
+HEADER_TAIL = struct.Struct("<I4x")
 _HEADER = struct.Struct("<IHH16sIHHQQ8sI4x")
-assert _BODY.size + _TAIL.size == _HEADER.size == HEADER_SIZE
-_RESERVED = bytes(8)
+assert HEADER_BODY.size + HEADER_TAIL.size == _HEADER.size == HEADER_SIZE
+RESERVED = bytes(8)
 
 
 def align_up(n: int, align: int = ALIGN) -> int:
@@ -60,9 +60,9 @@ class ExtentHeader:
 
 
 def header_bytes(digest: bytes, payload_len: int, part: int, parts: int, generation: int, checksum: int,
-                 _body=_BODY.pack, _tail=_TAIL.pack, _h32=xxhash.xxh32_intdigest) -> bytes:
+                 _body=HEADER_BODY.pack, _tail=HEADER_TAIL.pack, _h32=xxhash.xxh32_intdigest) -> bytes:
     """The exact 64 header bytes of an extent (the read path compares them byte for byte)."""
-    body = _body(MAGIC, VERSION, 0, digest, payload_len, part, parts, generation, checksum, _RESERVED)
+    body = _body(MAGIC, VERSION, 0, digest, payload_len, part, parts, generation, checksum, RESERVED)
     return body + _tail(_h32(body))
 
 
@@ -75,6 +75,6 @@ def unpack_header(buf) -> ExtentHeader | None:
     """Parse and self-check a header; ``None`` when it is not a valid kvswarm header."""
     raw = bytes(buf[:HEADER_SIZE])
     magic, version, _flags, digest, plen, part, parts, gen, csum, _res, hcrc = _HEADER.unpack(raw)
-    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:_BODY.size]) != hcrc:
+    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:HEADER_BODY.size]) != hcrc:
         return None
     return ExtentHeader(digest, plen, part, parts, gen, csum)

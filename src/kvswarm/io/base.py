@@ -73,12 +73,17 @@ class IOEngine(abc.ABC):
         self.fds[drive] = fd
         self.stats[drive] = stats
 
-    def submit(self, reqs: Sequence[IORequest]) -> Batch:
-        """Queue requests; returns at once. Raises UnalignedBuffer before queueing any."""
-        for r in reqs:
-            check_aligned(r)
-            if r.drive not in self.fds:
-                raise ValueError(f"drive {r.drive} is not attached to this engine")
+    def submit(self, reqs: Sequence[IORequest], checked: bool = False) -> Batch:
+        """Queue requests; returns at once. Raises UnalignedBuffer before queueing any.
+
+        ``checked=True`` skips the per-request checks, for callers whose offsets come from an
+        extent allocator and buffers from the aligned pool (the store's hot paths).
+        """
+        if not checked:
+            for r in reqs:
+                check_aligned(r)
+                if r.drive not in self.fds:
+                    raise ValueError(f"drive {r.drive} is not attached to this engine")
         batch = Batch(reqs)
         if reqs:
             self._submit(reqs)
@@ -107,15 +112,20 @@ class IOEngine(abc.ABC):
     def close(self) -> None:  # noqa: B027 - engines without resources need nothing
         pass
 
-    def _account(self, r: IORequest, now: float) -> None:
-        if r.batch is not None:
-            r.batch.remaining -= 1
-        st = self.stats[r.drive]
-        st.queue_depth -= 1
-        if r.result is not None and r.result >= 0:
-            st.record(r.op, r.result, now - r.t_submit)
-        else:
-            st.errors += 1
+    def _complete(self, reqs: Sequence[IORequest], now: float) -> None:
+        """Account finished requests (result set): their batches, queue depths, stats."""
+        stats = self.stats
+        for r in reqs:
+            b = r.batch
+            if b is not None:
+                b.remaining -= 1
+            st = stats[r.drive]
+            st.queue_depth -= 1
+            res = r.result
+            if res is not None and res >= 0:
+                st.record(r.op, res, now - r.t_submit)
+            else:
+                st.errors += 1
 
 
 def make_engine(backend: str, queue_depth: int = 32) -> IOEngine:

@@ -39,50 +39,59 @@ class UringEngine(IOEngine):
 
     def _submit(self, reqs: Sequence[IORequest]) -> None:
         with self._lock:
+            pending = self._pending
             for r in reqs:
                 r.result = None
-                self._pending[r.drive].append(r)
-                self.stats[r.drive].queue_depth += 1
+                pending[r.drive].append(r)
             self._inflight += len(reqs)
             self._fill()
             self._ring.submit()
 
     def _fill(self) -> None:
-        """Move pending requests into the ring, round-robin over drives, each under its depth cap."""
-        ring, qd, t = self._ring, self.queue_depth, now()
-        busy = True
-        while busy and self._ring_room:
-            busy = False
-            for d, pend in self._pending.items():
-                if pend and self._drive_inflight[d] < qd and self._ring_room:
-                    r = pend.popleft()
-                    r.t_submit = t
-                    if r.op == Op.READ:
-                        ring.prepare_read(self.fds[d], r.buf, r.offset, r)
-                    else:
-                        ring.prepare_write(self.fds[d], r.buf, r.offset, r)
-                    self._drive_inflight[d] += 1
-                    self._ring_room -= 1
-                    busy = True
+        """Move pending requests into the ring, each drive up to its depth cap.
+
+        The ring is sized for several drives at full depth, so one drive's share
+        rarely waits on another's; completions refill in the next poll.
+        """
+        ring, qd, room, t = self._ring, self.queue_depth, self._ring_room, now()
+        prep_read, prep_write, read = ring.prepare_read, ring.prepare_write, Op.READ
+        depth = self._drive_inflight
+        for d, pend in self._pending.items():
+            k = min(len(pend), qd - depth[d], room)
+            if k <= 0:
+                continue
+            fd, pop = self.fds[d], pend.popleft
+            for _ in range(k):
+                r = pop()
+                r.t_submit = t
+                (prep_read if r.op == read else prep_write)(fd, r.buf, r.offset, r)
+            depth[d] += k
+            self.stats[d].queue_depth += k
+            room -= k
+            if not room:
+                break
+        self._ring_room = room
 
     def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
         with self._lock:
             if not self._inflight:
                 return []
             cqes = self._ring.wait(timeout)
+            if not cqes:
+                return []
             t = now()
             out = []
-            for c in cqes or ():
+            depth = self._drive_inflight
+            for c in cqes:
                 r: IORequest = c.user_data
                 r.result = c.res
-                self._drive_inflight[r.drive] -= 1
-                self._ring_room += 1
-                self._account(r, t)
+                depth[r.drive] -= 1
                 out.append(r)
+            self._ring_room += len(out)
             self._inflight -= len(out)
-            if out:
-                self._fill()
-                self._ring.submit()
+            self._complete(out, t)
+            self._fill()
+            self._ring.submit()
             return out
 
     def inflight(self) -> int:

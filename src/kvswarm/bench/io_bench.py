@@ -1,0 +1,563 @@
+"""Raw O_DIRECT ceiling vs the store's batched get/put, side by side on the same disk and data.
+
+For each object size the store writes a data set, then random reads are timed in
+rounds that alternate between the raw baseline and the store:
+
+* raw: parallel O_DIRECT reads of the very extents the store wrote (same drives, same
+  offsets, random order), like fio: ``os.preadv`` from several thread counts and one
+  io_uring ring at several queue depths; the best configuration is "raw".
+* store: ``KVStore.submit_get`` batches kept in flight (the async API, as a caller that
+  overlaps I/O with work would use it), every object verified (header + xxh3), for
+  each I/O backend; the best backend is "store".
+
+Object size means the extent on disk: a "4 KiB object" is one 4 KiB extent holding
+a 64-byte header and 4032 B of payload.  The store's GB/s counts payload bytes only,
+the raw baseline counts every byte it reads, so the ratio slightly favours raw (by
+1.6% at 4 KiB).  Writes: raw O_DIRECT pwritev/io_uring into free space of the same
+drives vs ``submit_put`` of the whole data set plus ``flush()``.  Catalog reopen time
+is measured for 100k and 1M objects.
+
+Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
+capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
+user-space model where the kernel cannot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring
+from kvswarm.catalog import Catalog, Entry
+from kvswarm.drive import DATA_FILE
+from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.io.base import Op
+from kvswarm.io.throttle import DriveCaps, DriveModel
+from kvswarm.store import KVStore, StoreConfig
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SIZE_NAMES = {4 * KiB: "4k", 16 * KiB: "16k", 64 * KiB: "64k", 1 * MiB: "1m"}
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().lower()
+    mult = {"k": KiB, "m": MiB, "g": GiB}.get(s[-1:], 1)
+    n = int(float(s.rstrip("kmg")) * mult)
+    if n % 4096 or n <= 0:
+        raise argparse.ArgumentTypeError(f"object size {s} must be a positive multiple of 4 KiB")
+    return n
+
+
+def parse_count(s: str) -> int:
+    s = s.strip().lower()
+    return int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+
+
+def count_name(n: int) -> str:
+    return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
+def uring_available() -> bool:
+    try:
+        import uring_api
+    except ImportError:
+        return False
+    return bool(uring_api.is_available())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="4k,16k,64k,1m", help="object (extent) sizes, comma-separated")
+    p.add_argument("--data-mib", type=int, default=None,
+                   help="data set per size in MiB (default 1024 below 64 KiB, 3072 from 64 KiB; quick: 64)")
+    p.add_argument("--seconds", type=float, default=None, help="seconds per timed sample (default 1.5; quick 0.3)")
+    p.add_argument("--rounds", type=int, default=None, help="raw/store sample pairs per size (default 3; quick 1)")
+    p.add_argument("--backends", default=None, help="store I/O backends (default: threads,uring where available)")
+    p.add_argument("--dirs", type=int, default=4, help="drive directories when not on a testbed")
+    p.add_argument("--dir", default=None, help="parent of the temp drive directories (default: system temp)")
+    p.add_argument("--drives", type=int, default=0, help="run on N emulated capped drives (kvswarm.testbed)")
+    p.add_argument("--cap-mbps", type=float, default=None, help="testbed per-drive MB/s cap (default: fit disk)")
+    p.add_argument("--cap-iops", type=float, default=None, help="testbed per-drive IOPS cap (default: fit disk)")
+    p.add_argument("--emulation", choices=["auto", "kernel", "user-space"], default="auto")
+    p.add_argument("--reopen", default=None,
+                   help="object counts for the reopen test, e.g. 100k,1m ('' to skip; default 100k,1m)")
+    p.add_argument("--reopen-via", choices=["store", "catalog"], default=None,
+                   help="build the reopen stores through the store's put path (default) or the catalog only "
+                        "(default with --quick)")
+    p.add_argument("--quick", action="store_true", help="short run (< 1 min): small data, one round")
+    p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) to this path")
+    p.add_argument("--seed", type=int, default=0)
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Sample:
+    gbps: float
+    iops: float
+    cpu_s_per_gb: float
+    method: str = ""
+
+
+def _median(samples: Sequence[Sample]) -> Sample:
+    """The sample with the median throughput (keeps its own IOPS/CPU figures)."""
+    s = sorted(samples, key=lambda x: x.gbps)
+    return s[(len(s) - 1) // 2]
+
+
+def _from_raw(r: RawResult) -> Sample:
+    return Sample(r.gbps, r.iops, r.cpu_s_per_gb, r.method)
+
+
+@dataclass
+class SizeRun:
+    size: int
+    keys: list[bytes]
+    ios: list[tuple[int, int]] = field(default_factory=list)  # (drive, offset) per key, for raw
+    raw_write: Sample | None = None
+    store_write: Sample | None = None
+    best_threads: int = 16
+    best_depth: int = 32
+    raw: list[Sample] = field(default_factory=list)
+    store: dict[str, list[Sample]] = field(default_factory=dict)
+
+
+class Drives:
+    """Where the bench runs: plain temp directories, or a testbed's capped drives."""
+
+    def __init__(self, args: argparse.Namespace, drive_bytes: int) -> None:
+        self.testbed = None
+        self.tmp: str | None = None
+        if args.drives:
+            from kvswarm.testbed import Testbed, default_caps
+
+            d = default_caps(args.drives)
+            mbps, iops = args.cap_mbps or d.read_mbps, args.cap_iops or d.read_iops
+            caps = DriveCaps(read_mbps=mbps, write_mbps=mbps, read_iops=iops, write_iops=iops)
+            self.testbed = Testbed(args.drives, drive_bytes=drive_bytes, caps=caps, mode=args.emulation,
+                                   root=args.dir).start()
+            self.paths = list(self.testbed.paths)
+            self.meta_dir = self.testbed.meta_dir
+            self.models: list[DriveModel] | None = self.testbed.models
+            self.describe = self.testbed.describe()
+            self.info = self.testbed.info()
+        else:
+            self.tmp = tempfile.mkdtemp(prefix="kvswarm-bench-io-", dir=args.dir)
+            self.paths = [os.path.join(self.tmp, f"drive{i}") for i in range(args.dirs)]
+            for p in self.paths:
+                os.makedirs(p)
+            self.meta_dir = os.path.join(self.tmp, "meta")
+            self.models = None
+            self.describe = (f"no emulation: {args.dirs} directories on the local disk ({self.tmp}), "
+                             f"one preallocated O_DIRECT data file each, no caps")
+            self.info = {"emulation": "none", "drives": args.dirs, "paths": self.paths}
+        self.capacity = drive_bytes
+
+    def open_store(self, backend: str, queue_depth: int) -> KVStore:
+        cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
+                          backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
+                          checkpoint_every=10**9)
+        store = KVStore(cfg)
+        return self.testbed.throttle(store) if self.testbed else store
+
+    def raw_fds(self, write: bool = False) -> list[int]:
+        flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT
+        return [os.open(p if not os.path.isdir(p) else os.path.join(p, DATA_FILE), flags) for p in self.paths]
+
+    def close(self) -> None:
+        if self.testbed:
+            self.testbed.stop()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# ---- the store's side -------------------------------------------------------------------------
+def store_write(store: KVStore, keys: Sequence[bytes], payload: int, rng: random.Random,
+                batch_bytes: int = 8 * MiB, inflight: int = 4) -> Sample:
+    """Put every key (distinct random payloads) with several batches in flight, then flush."""
+    pool = os.urandom(8 * MiB + payload)
+    pv = memoryview(pool)
+    batch = max(1, batch_bytes // max(payload, 4096))
+    q: deque = deque()
+    c0, t0 = cpu_time(), time.perf_counter()
+    ok = 0
+    for i in range(0, len(keys), batch):
+        items = [(k, pv[(o := rng.randrange(8 * MiB // 64) * 64):o + payload]) for k in keys[i:i + batch]]
+        q.append(store.submit_put(items))
+        if len(q) >= inflight:
+            ok += sum(q.popleft().wait())
+    while q:
+        ok += sum(q.popleft().wait())
+    store.flush()
+    el, cpu = time.perf_counter() - t0, cpu_time() - c0
+    if ok != len(keys):
+        raise RuntimeError(f"store write: only {ok} of {len(keys)} puts succeeded")
+    nbytes = len(keys) * payload
+    return Sample(nbytes / el / 1e9, len(keys) / el, cpu / (nbytes / 1e9), "submit_put+flush")
+
+
+def store_read(store: KVStore, keys: Sequence[bytes], payload: int, batch: int, inflight: int,
+               seconds: float) -> Sample:
+    """Random batched gets with ``inflight`` submit_get batches outstanding; every hit verified."""
+    q: deque = deque()
+    n = len(keys)
+    i = got = 0
+    now = time.perf_counter
+    c0, t0 = cpu_time(), now()
+    stop = t0 + seconds
+    while True:
+        while len(q) < inflight and i < n and now() < stop:
+            q.append(store.submit_get(keys[i:i + batch]))
+            i += batch
+        if not q:
+            break
+        with q.popleft().wait() as res:
+            if res.misses:
+                raise RuntimeError(f"store read: {res.misses} misses ({res.corrupt} corrupt) on stored keys")
+            got += len(res.views)
+    el, cpu = now() - t0, cpu_time() - c0
+    nbytes = got * payload
+    return Sample(nbytes / el / 1e9, got / el, cpu / (nbytes / 1e9) if nbytes else 0.0)
+
+
+# ---- the run ----------------------------------------------------------------------------------
+def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, use_uring: bool,
+              fds: list[int]) -> None:
+    """Pick the raw baseline's best thread count and io_uring depth for this size."""
+    best_t = max(((t, run_threads(fds, _shuffled(run.ios, rng), run.size, Op.READ, t, seconds, drives.models))
+                  for t in (4, 8, 16, 32)), key=lambda x: x[1].gbps)
+    run.best_threads = best_t[0]
+    if use_uring:
+        best_d = max(((d, run_uring(fds, _shuffled(run.ios, rng), run.size, Op.READ, d, seconds, drives.models))
+                      for d in (8, 16, 32, 64, 128)), key=lambda x: x[1].gbps)
+        run.best_depth = best_d[0]
+
+
+def _shuffled(xs: Sequence, rng: random.Random) -> list:
+    out = list(xs)
+    rng.shuffle(out)
+    return out
+
+
+def _store_shape(size: int, depth: int) -> tuple[int, int]:
+    """(keys per submit_get batch, batches in flight): about 2x the raw depth outstanding."""
+    batch = max(1, min(64, (512 * KiB) // size))
+    inflight = max(4, -(-2 * depth // batch))
+    return batch, inflight
+
+
+def bench(args: argparse.Namespace, console) -> dict:
+    quick = args.quick
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    seconds = args.seconds or (0.3 if quick else 1.5)
+    rounds = args.rounds or (1 if quick else 3)
+    use_uring = uring_available()
+    backends = (args.backends.split(",") if args.backends else ["threads"] + (["uring"] if use_uring else []))
+    rng = random.Random(args.seed)
+
+    def data_bytes(size: int) -> int:
+        if args.data_mib:
+            return args.data_mib * MiB
+        full = 64 * MiB if quick else (1 * GiB if size < 64 * KiB else 3 * GiB)
+        if args.drives:  # capped drives: about 10 s of the caps' aggregate write rate
+            from kvswarm.testbed import default_caps
+
+            d = default_caps(args.drives)
+            per_drive = min((args.cap_mbps or d.write_mbps) * 1e6, (args.cap_iops or d.write_iops) * size)
+            full = min(full, max(16 * MiB, int(10 * args.drives * per_drive)) // MiB * MiB)
+        return full
+
+    ndrives = args.drives or args.dirs
+    raw_write_region = (32 if quick else 512) * MiB  # per drive, above the store's data
+    need = sum(data_bytes(s) for s in sizes) // ndrives
+    drive_bytes = (need * 11 // 10 + raw_write_region + 64 * MiB) // MiB * MiB
+    drives = Drives(args, drive_bytes)
+    console.print(f"[bold]drives[/]: {drives.describe}")
+    if drives.testbed and not quick:
+        with console.status("checking the testbed's caps"):
+            drives.info["cap_check"] = [vars(c) | {"ratio": c.ratio} for c in drives.testbed.verify(1.5)]
+    results: dict = {"drives": drives.info, "sizes": {}, "config": {
+        "seconds": seconds, "rounds": rounds, "backends": backends, "quick": quick,
+        "object_size": "extent on disk; payload = size - 64 B header"}}
+    runs: list[SizeRun] = []
+    try:
+        # 1. writes: raw into free space at the top of each drive, then the store's data set.
+        store = drives.open_store(backends[-1], 32)
+        wfds = drives.raw_fds(write=True)
+        try:
+            for size in sizes:
+                payload = size - HEADER_SIZE
+                n = data_bytes(size) // size
+                run = SizeRun(size, [b"io-bench/%d/%d" % (size, i) for i in range(n)])
+                top = drive_bytes - raw_write_region
+                region = [(d, top + j * size) for j in range(raw_write_region // size) for d in range(ndrives)]
+                ws = [run_threads(wfds, region, size, Op.WRITE, 16, seconds, drives.models)]
+                if use_uring:
+                    ws.append(run_uring(wfds, region, size, Op.WRITE, 32, seconds, drives.models))
+                for fd in wfds:
+                    os.fdatasync(fd)
+                run.raw_write = _from_raw(max(ws, key=lambda r: r.gbps))
+                with console.status(f"writing {n} x {_fmt_size(size)} objects through the store"):
+                    run.store_write = store_write(store, run.keys, payload, rng)
+                entries = store.catalog.entries
+                run.ios = [entries[key_digest(k)].extents[0][:2] for k in run.keys]
+                runs.append(run)
+        finally:
+            for fd in wfds:
+                os.close(fd)
+            store.close()
+
+        # 2. tune the raw baseline, 3. timed rounds alternating raw and store.
+        fds = drives.raw_fds()
+        try:
+            for run in runs:
+                with console.status(f"tuning the raw baseline at {_fmt_size(run.size)}"):
+                    _tune_raw(drives, run, seconds / 2, rng, use_uring, fds)
+            for backend in backends:
+                store = drives.open_store(backend, 32)
+                try:
+                    for run in runs:
+                        batch, inflight = _store_shape(run.size, run.best_depth)
+                        with console.status(f"{backend}: {_fmt_size(run.size)} rounds"):
+                            for r in range(rounds):
+                                order = [0, 1] if r % 2 == 0 else [1, 0]
+                                for which in order:
+                                    if which == 0:
+                                        run.raw.append(_raw_sample(drives, run, fds, seconds, rng, use_uring))
+                                    else:
+                                        keys = _shuffled(run.keys, rng)
+                                        s = store_read(store, keys, run.size - HEADER_SIZE, batch, inflight,
+                                                       seconds)
+                                        s.method = f"submit_get {batch} keys x {inflight} in flight"
+                                        run.store.setdefault(backend, []).append(s)
+                finally:
+                    store.close()
+        finally:
+            for fd in fds:
+                os.close(fd)
+    finally:
+        drives.close()
+
+    summary: dict[str, float] = {}
+    for run in runs:
+        name = SIZE_NAMES.get(run.size, f"{run.size // KiB}k")
+        raw = _median(run.raw)
+        per_backend = {b: _median(ss) for b, ss in run.store.items()}
+        best_b = max(per_backend, key=lambda b: per_backend[b].gbps)
+        st = per_backend[best_b]
+        summary |= {
+            f"ratio_{name}": st.gbps / raw.gbps,
+            f"raw_gbps_{name}": raw.gbps, f"raw_iops_{name}": raw.iops, f"raw_cpu_s_per_gb_{name}": raw.cpu_s_per_gb,
+            f"store_gbps_{name}": st.gbps, f"store_iops_{name}": st.iops,
+            f"store_cpu_s_per_gb_{name}": st.cpu_s_per_gb,
+            f"raw_write_gbps_{name}": run.raw_write.gbps, f"store_write_gbps_{name}": run.store_write.gbps,
+            f"write_ratio_{name}": run.store_write.gbps / run.raw_write.gbps,
+        }
+        for b, s in per_backend.items():
+            summary[f"store_{b}_gbps_{name}"] = s.gbps
+            summary[f"ratio_{b}_{name}"] = s.gbps / raw.gbps
+        results["sizes"][name] = {
+            "extent_bytes": run.size, "payload_bytes": run.size - HEADER_SIZE, "objects": len(run.keys),
+            "raw_samples": [vars(s) for s in run.raw], "raw_median": vars(raw),
+            "raw_best_threads": run.best_threads, "raw_best_depth": run.best_depth,
+            "store_samples": {b: [vars(s) for s in ss] for b, ss in run.store.items()},
+            "store_best_backend": best_b, "raw_write": vars(run.raw_write), "store_write": vars(run.store_write),
+        }
+    results["summary"] = summary
+    return results
+
+
+def _raw_sample(drives: Drives, run: SizeRun, fds: list[int], seconds: float, rng: random.Random,
+                use_uring: bool) -> Sample:
+    """One raw sample: the better of the tuned preadv pool and the tuned io_uring ring."""
+    rs = [run_threads(fds, _shuffled(run.ios, rng), run.size, Op.READ, run.best_threads, seconds / 2,
+                      drives.models)]
+    if use_uring:
+        rs.append(run_uring(fds, _shuffled(run.ios, rng), run.size, Op.READ, run.best_depth, seconds / 2,
+                            drives.models))
+    return _from_raw(max(rs, key=lambda r: r.gbps))
+
+
+# ---- catalog reopen -----------------------------------------------------------------------------
+def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, ndirs: int = 4) -> dict[str, float]:
+    """Time reopening a store of ``count`` 4 KiB objects, after a clean close and after a crash.
+
+    ``reopen_s``: ``KVStore.open`` after ``close()`` (checkpoint load + allocator rebuild).
+    ``replay_s``: ``Catalog`` rebuilt from the journal alone, as after a crash before any
+    checkpoint (the journal is copied aside after the last flush).
+    ``via='store'``: the objects are real, written through ``submit_put`` + ``flush``.
+    ``via='catalog'``: the store's catalog is filled directly with one-extent entries
+    (drives preallocated, no data written); the reopen path timed is the same.
+    """
+    out: dict[str, float] = {}
+    rng = random.Random(1)
+    for count in counts:
+        name = count_name(count)
+        tmp = tempfile.mkdtemp(prefix="kvswarm-bench-reopen-", dir=parent)
+        try:
+            side = os.path.join(tmp, "journal-copy")
+            os.makedirs(side)
+            paths = [os.path.join(tmp, f"d{i}") for i in range(ndirs)]
+            for p in paths:
+                os.makedirs(p)
+            kw = dict(meta_dir=os.path.join(tmp, "meta"), capacity_per_drive=(count // ndirs + 1024) * 4096,
+                      checkpoint_every=10**9)
+            meta = kw["meta_dir"]
+
+            def crash_copy() -> None:  # the catalog files as a crash right after the last flush leaves them
+                for f in ("catalog.ckpt", "catalog.journal"):
+                    if os.path.exists(os.path.join(meta, f)):
+                        shutil.copy(os.path.join(meta, f), side)
+
+            store = KVStore.open(paths, backend="uring" if uring_available() else "threads", **kw)
+            with console.status(f"reopen test: {count} objects ({via})"):
+                t0 = time.perf_counter()
+                if via == "store":
+                    store_write(store, [b"reopen/%d" % i for i in range(count)], 4096 - HEADER_SIZE, rng)
+                    crash_copy()
+                    store.close()
+                else:
+                    store.close()
+                    cat = Catalog(meta, checkpoint_every=10**9)
+                    g0 = cat.new_generations(count)
+                    cat.put_many([(key_digest(b"reopen/%d" % i),
+                                   Entry(g0 + i, 4096 - HEADER_SIZE, ((i % ndirs, 4096 * (1 + i // ndirs), 4096, i),)))
+                                  for i in range(count)])
+                    cat.sync()
+                    crash_copy()
+                    cat.close()  # checkpoints
+                out[f"reopen_build_s_{name}"] = time.perf_counter() - t0
+            c0, t0 = cpu_time(), time.perf_counter()
+            store = KVStore.open(paths, create=False, **kw)
+            out[f"reopen_s_{name}"] = time.perf_counter() - t0
+            out[f"reopen_cpu_s_{name}"] = cpu_time() - c0
+            if len(store) != count:
+                raise RuntimeError(f"reopened store holds {len(store)} objects, not {count}")
+            store.close()
+            c0, t0 = cpu_time(), time.perf_counter()
+            cat = Catalog(side)
+            out[f"replay_s_{name}"] = time.perf_counter() - t0
+            out[f"replay_cpu_s_{name}"] = cpu_time() - c0
+            if len(cat) != count:
+                raise RuntimeError(f"journal replay recovered {len(cat)} objects, not {count}")
+            cat.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# ---- output -----------------------------------------------------------------------------------------
+def _fmt_size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
+
+
+def print_tables(results: dict, console) -> None:
+    from rich.table import Table
+
+    s = results["summary"]
+    t = Table(title="random reads: raw O_DIRECT vs KVStore.submit_get (store GB/s counts payload only)")
+    for col in ("object", "raw GB/s", "raw IOPS", "raw CPU s/GB", "store GB/s", "store IOPS", "store CPU s/GB",
+                "store/raw"):
+        t.add_column(col, justify="right")
+    for name, r in results["sizes"].items():
+        raw = r["raw_median"]
+        ratio = s[f"ratio_{name}"]
+        target = 0.95 if r["extent_bytes"] >= 64 * KiB else 0.85
+        color = "green" if ratio >= target else "red"
+        t.add_row(_fmt_size(r["extent_bytes"]), f"{raw['gbps']:.3f}", f"{raw['iops']:,.0f}",
+                  f"{raw['cpu_s_per_gb']:.2f}", f"{s[f'store_gbps_{name}']:.3f}", f"{s[f'store_iops_{name}']:,.0f}",
+                  f"{s[f'store_cpu_s_per_gb_{name}']:.2f}", f"[{color}]{ratio:.2f}[/] (>={target})")
+    console.print(t)
+    d = Table(title="read details (medians of the timed rounds)")
+    for col in ("object", "payload", "raw best", "store backends GB/s (ratio)", "store batches"):
+        d.add_column(col, justify="right")
+    for name, r in results["sizes"].items():
+        per_b = ", ".join(f"{b} {s[f'store_{b}_gbps_{name}']:.3f} ({s[f'ratio_{b}_{name}']:.2f})"
+                          for b in r["store_samples"])
+        shape = next(iter(r["store_samples"].values()))[0]["method"].replace("submit_get ", "")
+        d.add_row(_fmt_size(r["extent_bytes"]), f"{r['payload_bytes']} B", r["raw_median"]["method"], per_b, shape)
+    console.print(d)
+    w = Table(title="writes: raw O_DIRECT vs KVStore.submit_put + flush (store GB/s counts payload only)")
+    for col in ("object", "raw GB/s", "raw best", "store GB/s", "store objects/s", "store CPU s/GB", "store/raw"):
+        w.add_column(col, justify="right")
+    for name, r in results["sizes"].items():
+        rw, sw = r["raw_write"], r["store_write"]
+        w.add_row(_fmt_size(r["extent_bytes"]), f"{rw['gbps']:.3f}", rw["method"], f"{sw['gbps']:.3f}",
+                  f"{sw['iops']:,.0f}", f"{sw['cpu_s_per_gb']:.2f}", f"{sw['gbps'] / rw['gbps']:.2f}")
+    console.print(w)
+    counts = sorted({k.rsplit("_", 1)[1] for k in s if k.startswith("reopen_s_")}, key=parse_count)
+    if counts:
+        t = Table(title="catalog reopen")
+        for col in ("objects", "build s", "reopen s (CPU s)", "journal replay s (CPU s)"):
+            t.add_column(col, justify="right")
+        for c in counts:
+            t.add_row(c, f"{s[f'reopen_build_s_{c}']:.1f}", f"{s[f'reopen_s_{c}']:.2f} ({s[f'reopen_cpu_s_{c}']:.2f})",
+                      f"{s[f'replay_s_{c}']:.2f} ({s[f'replay_cpu_s_{c}']:.2f})")
+        console.print(t)
+        console.print(f"reopen objects: {results.get('reopen_via')}")
+    cc = results["drives"].get("cap_check")
+    if cc:
+        t = Table(title="testbed cap check (drive 0, 8 threads of raw O_DIRECT)")
+        for col in ("load", "cap", "measured", "measured/cap"):
+            t.add_column(col, justify="right")
+        for c in cc:
+            t.add_row(c["what"], f"{c['cap']:g} {c['unit']}", f"{c['measured']:.0f} {c['unit']}", f"{c['ratio']:.2f}")
+        console.print(t)
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["sizes"])
+    s = results["summary"]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar([i - 0.2 for i in x], [s[f"raw_gbps_{n}"] for n in names], 0.4, label="raw O_DIRECT (best)")
+    ax.bar([i + 0.2 for i in x], [s[f"store_gbps_{n}"] for n in names], 0.4, label="KVStore get (payload)")
+    for i, n in enumerate(names):
+        ax.text(i + 0.2, s[f"store_gbps_{n}"], f"{s[f'ratio_{n}']:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"random reads ({results['drives']['emulation']} emulation, {results['drives']['drives']} drives)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    t0 = time.perf_counter()
+    results = bench(args, console)
+    counts = [parse_count(c) for c in (args.reopen if args.reopen is not None else "100k,1m").split(",")
+              if c.strip()]
+    via = args.reopen_via or ("catalog" if args.quick else "store")
+    results["reopen_via"] = ("4 KiB objects written through KVStore.submit_put" if via == "store" else
+                             "catalog filled directly, no data written") + \
+        "; reopen = KVStore.open after close (checkpoint + allocators); replay = Catalog from the journal alone"
+    if counts:
+        results["summary"] |= reopen_bench(counts, via, args.dir, console)
+    results["seconds"] = time.perf_counter() - t0
+    results["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    print_tables(results, console)
+    console.print(f"drives: {results['drives']['emulation']} emulation; {results['config']['object_size']}; "
+                  f"{results['seconds']:.0f} s")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        plot(results, os.path.splitext(args.json)[0] + ".png")
+        console.print(f"wrote {args.json}")
+    return 0
+

@@ -1,0 +1,143 @@
+"""Raw O_DIRECT load generators, the fio-like baselines of the benchmarks.
+
+Two ways to drive the disk as hard as a program can: ``threads`` workers each issuing
+``os.preadv``/``os.pwritev`` back to back, and one ``io_uring`` ring kept at a fixed
+queue depth.  Both walk a list of (drive, offset) I/Os of one size, in the given
+order, for a fixed time or until the list is done; neither verifies anything.  Where
+the drives are emulated in user space, each I/O first waits for its drive model
+(:class:`kvswarm.io.throttle.DriveModel`), as the store's I/O does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import mmap
+import os
+import resource
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvswarm.io.base import Op
+from kvswarm.io.throttle import DriveModel
+
+
+@dataclass
+class RawResult:
+    method: str
+    ops: int
+    nbytes: int
+    seconds: float
+    cpu_seconds: float
+
+    @property
+    def gbps(self) -> float:
+        return self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def iops(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_s_per_gb(self) -> float:
+        return self.cpu_seconds / (self.nbytes / 1e9) if self.nbytes else 0.0
+
+
+def cpu_time() -> float:
+    """User + system CPU seconds of this process, all threads (io_uring work included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, threads: int,
+                seconds: float, models: Sequence[DriveModel] | None = None) -> RawResult:
+    """``threads`` workers share ``ios`` (drive, offset) and issue one blocking preadv/pwritev each."""
+    nxt = itertools.count()  # next() on a count is atomic under the GIL
+    done = [0] * threads
+    stop = time.perf_counter() + seconds
+    n = len(ios)
+    fill = os.urandom(size) if op == Op.WRITE else b""
+
+    def worker(w: int) -> None:
+        buf = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
+        if fill:
+            buf[:] = fill
+        io = os.preadv if op == Op.READ else os.pwritev
+        count, now = 0, time.perf_counter
+        while (i := next(nxt)) < n and now() < stop:
+            d, off = ios[i]
+            if models is not None:
+                due = models[d].schedule(op, size, now())
+                if (dt := due - now()) > 0:
+                    time.sleep(dt)
+            if io(fds[d], [buf], off) != size:
+                raise OSError(f"short {op.name.lower()} at drive {d} offset {off}")
+            count += 1
+        done[w] = count
+        buf.close()
+
+    ts = [threading.Thread(target=worker, args=(w,), name=f"raw-{w}") for w in range(threads)]
+    c0, t0 = cpu_time(), time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    el, cpu = time.perf_counter() - t0, cpu_time() - c0
+    ops = sum(done)
+    return RawResult(f"preadv x{threads}" if op == Op.READ else f"pwritev x{threads}", ops, ops * size, el, cpu)
+
+
+def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, depth: int,
+              seconds: float, models: Sequence[DriveModel] | None = None) -> RawResult:
+    """One io_uring kept ``depth`` I/Os deep over all drives."""
+    import uring_api
+
+    ring = uring_api.Ring(entries=max(8, depth), cq_entries=max(16, 2 * depth))
+    region = mmap.mmap(-1, size * depth)
+    if op == Op.WRITE:
+        region[:size] = os.urandom(size)
+        for s in range(1, depth):
+            region[s * size:(s + 1) * size] = region[:size]
+    view = memoryview(region)
+    slots = [view[s * size:(s + 1) * size] for s in range(depth)]
+    prep = ring.prepare_read if op == Op.READ else ring.prepare_write
+    n, i, ops, inflight = len(ios), 0, 0, 0
+    held: list[tuple[float, int, int, int]] = []  # (due, slot, drive, offset) while a drive model holds an I/O back
+    free = list(range(depth))
+    now = time.perf_counter
+    c0, t0 = cpu_time(), now()
+    stop = t0 + seconds
+    try:
+        while True:
+            t = now()
+            while free and i < n and t < stop:
+                s = free.pop()
+                d, off = ios[i]
+                i += 1
+                if models is None:
+                    prep(fds[d], slots[s], off, (s, d, off))
+                    inflight += 1
+                else:
+                    heapq.heappush(held, (models[d].schedule(op, size, t), s, d, off))
+            while held and held[0][0] <= t:
+                _, s, d, off = heapq.heappop(held)
+                prep(fds[d], slots[s], off, (s, d, off))
+                inflight += 1
+            if not inflight and not held:
+                break
+            timeout = max(0.0, held[0][0] - t) if held else None
+            if inflight:
+                for c in ring.wait(timeout) or ():
+                    if c.res != size:
+                        raise OSError(-c.res if c.res < 0 else 5, f"raw io_uring I/O failed: {c.res}")
+                    free.append(c.user_data[0])
+                    inflight -= 1
+                    ops += 1
+            elif timeout:
+                time.sleep(timeout)
+        el, cpu = now() - t0, cpu_time() - c0
+    finally:
+        ring.close()  # the buffers go with the last reference (completions may still hold views)
+    return RawResult(f"io_uring qd{depth}", ops, ops * size, el, cpu)

@@ -1,0 +1,50 @@
+"""`kvswarm bench io` end to end, on small data: it runs both sides and writes every summary figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvswarm.cli import main
+from kvswarm.testbed import kernel_support
+
+SIZES = ("4k", "16k", "64k", "1m")
+
+
+def _run(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "io.json"
+    rc = main(["bench", "io", "--quick", "--data-mib", "8", "--seconds", "0.1", "--reopen", "2k",
+               "--backends", "threads", "--json", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_io_quick_writes_all_summary_keys(tmp_path):
+    pytest.importorskip("uring_api")
+    out = tmp_path / "io.json"
+    assert main(["bench", "io", "--quick", "--data-mib", "8", "--seconds", "0.1", "--reopen", "2k",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    s = res["summary"]
+    for name in SIZES:
+        for key in ("ratio", "raw_gbps", "raw_iops", "raw_cpu_s_per_gb", "store_gbps", "store_iops",
+                    "store_cpu_s_per_gb", "raw_write_gbps", "store_write_gbps", "write_ratio",
+                    "store_threads_gbps", "store_uring_gbps"):
+            v = s[f"{key}_{name}"]
+            assert isinstance(v, float) and v > 0, (key, name, v)
+        assert s[f"ratio_{name}"] == pytest.approx(s[f"store_gbps_{name}"] / s[f"raw_gbps_{name}"])
+    for key in ("reopen_s_2k", "replay_s_2k", "reopen_cpu_s_2k"):
+        assert s[key] > 0
+    assert res["drives"]["emulation"] == "none"
+    assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64
+    assert (tmp_path / "io.png").stat().st_size > 0
+
+
+def test_bench_io_on_a_testbed(tmp_path):
+    mode = "kernel" if kernel_support() is None else "user-space"
+    res = _run(tmp_path, "--sizes", "64k", "--drives", "2", "--cap-mbps", "200", "--cap-iops", "4000",
+               "--emulation", mode)
+    assert res["drives"]["emulation"] == mode
+    assert res["drives"]["caps"]["read_mbps"] == 200
+    assert res["summary"]["ratio_64k"] > 0 and res["summary"]["store_write_gbps_64k"] > 0
