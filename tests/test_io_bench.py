@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 
-from kvswarm.cli import main
+from kvswarm.bench import io_bench
 from kvswarm.testbed import kernel_support
 
 SIZES = ("4k", "16k", "64k", "1m")
+
+
+def main(argv: list[str]) -> int:
+    """``kvswarm bench io ARGS`` (the module's own parser, as the CLI builds it)."""
+    assert argv[:2] == ["bench", "io"]
+    p = argparse.ArgumentParser()
+    io_bench.add_arguments(p)
+    return io_bench.run(p.parse_args(argv[2:]))
 
 
 def _run(tmp_path, *extra: str) -> dict:
