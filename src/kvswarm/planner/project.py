@@ -69,8 +69,8 @@ class Projection:
     compute_mean_s: float
     decode_io_s: float  # one sparse decode step's reads from the SSD pool (nan without SSDs)
     utilisation: dict[str, float]
-    max_rate_rps: float
-    tokens_per_s: float
+    max_rate_rps: float  # request rate at which the busiest resource would be fully busy
+    tokens_per_s: float  # at max_rate_rps: input + output tokens served per second
     storage_capex_usd: float
     gpu_capex_usd: float
     watts: float
@@ -159,13 +159,15 @@ class Planner:
 
     def _finish(self, mix: Mix, caps: TierCaps, counts: np.ndarray, cached: np.ndarray, gpus: int,
                 ttft: np.ndarray, load: np.ndarray, compute: np.ndarray, util: dict[str, float],
-                method: str) -> Projection:
+                method: str, rate: float | None = None) -> Projection:
+        """Assemble a projection: hit rates from the whole trace, timings from ``ttft``/``load``/``compute``
+        (all requests or a replayed window whose arrival rate is ``rate``)."""
         s, w, cat = self.s, self.s.workload, self.s.catalog
         refs = counts.sum()
         hit_rates = {TIER_NAMES[t]: float(counts[:, t].sum() / refs) if refs else 0.0 for t in (DRAM, SSD, HDD, MISS)}
         token_hit = float(cached.sum() / max(1, w.input_len.sum()))
         busiest = max(util.values()) if util else 0.0
-        rate = w.requests / self.duration
+        rate = rate or w.requests / self.duration
         max_rate = rate / busiest if busiest > 0 else float("inf")
         capex = mix.capex(cat)
         watts = mix.watts(util.get("ssd", 0.0), util.get("hdd", 0.0))
@@ -178,7 +180,7 @@ class Planner:
             ttft_mean_s=float(ttft.mean()), ttft_p50_s=float(np.quantile(ttft, 0.5)),
             ttft_p90_s=float(np.quantile(ttft, 0.9)), load_mean_s=float(load.mean()),
             compute_mean_s=float(compute.mean()), decode_io_s=self.decode_io(mix), utilisation=util,
-            max_rate_rps=max_rate, tokens_per_s=self.tokens / self.duration * min(1.0, max_rate / rate),
+            max_rate_rps=max_rate, tokens_per_s=self.tokens / w.requests * max_rate,
             storage_capex_usd=capex, gpu_capex_usd=s.gpu.price_usd * gpus,
             watts=watts + s.gpu.watts * gpus * min(1.0, util["gpu"]), usd_per_hour=store_h + gpu_h,
             cost_per_tb_usd=capex / usable_tb if usable_tb else float("nan"),
@@ -189,10 +191,13 @@ class Planner:
 
     # ---- discrete-event replay -----------------------------------------------------------
     def simulate(self, proj: Projection, max_requests: int | None = None) -> Projection:
-        """Replace ``proj``'s TTFT and utilisation figures by a discrete-event replay."""
+        """Replace ``proj``'s TTFT and utilisation figures by a discrete-event replay of the
+        workload's last ``max_requests`` requests (all by default; tier residency still comes
+        from the whole trace)."""
         s, w, b, mix = self.s, self.s.workload, self.block_bytes, proj.mix
         counts, cached, compute = self._requests(proj.caps)
-        n = w.requests if max_requests is None else min(w.requests, max_requests)
+        n = w.requests if max_requests is None else max(1, min(w.requests, max_requests))
+        lo = w.requests - n
         env = simpy.Environment()
         host = SimLink(env, s.link.model())
         gpu_link = SimLink(env, s.gpu.link())
@@ -209,10 +214,11 @@ class Planner:
         load = np.zeros(n)
         tier_of = self.hits.served(proj.caps)
         first = np.r_[0, np.cumsum([len(x) for x in w.blocks])]
-        t0 = float(w.t[0])
+        t0 = float(w.t[lo])
 
         def request(i: int):
             yield env.timeout(float(w.t[i]) - t0)
+            j = i - lo
             start = env.now
             ids = w.blocks[i]
             tiers = tier_of[first[i]:first[i + 1]]
@@ -226,14 +232,14 @@ class Planner:
                 jobs.append(env.process(gpu_link.transfer(int(counts[i, DRAM]) * b)))
             if jobs:
                 yield env.all_of(jobs)
-            load[i] = env.now - start
+            load[j] = env.now - start
             with gpu.request() as g:
                 yield g
                 gpu_busy[0] += compute[i]
                 yield env.timeout(compute[i])
-            ttft[i] = env.now - start
+            ttft[j] = env.now - start
 
-        for i in range(n):
+        for i in range(lo, w.requests):
             env.process(request(i))
         env.run()
         span = max(env.now, 1e-9)
@@ -242,9 +248,9 @@ class Planner:
         for tier, name in ((SSD, "ssd"), (HDD, "hdd")):
             if tier in pools:
                 util[name] = float(np.mean([d.busy for d in pools[tier].drives])) / span
-        sub = slice(0, n)
-        out = self._finish(mix, proj.caps, counts[sub], cached[sub], proj.gpus, ttft, load, compute[sub], util,
-                           "simulated" if n == w.requests else f"simulated (first {n} requests)")
+        window = float(w.t[-1] - w.t[lo]) or 1.0
+        out = self._finish(mix, proj.caps, counts, cached, proj.gpus, ttft, load, compute[lo:], util,
+                           "simulated" if n == w.requests else f"simulated (last {n} requests)", rate=n / window)
         out.notes = [x for x in out.notes] + [x for x in proj.notes if not x.startswith("saturated")]
         return out
 

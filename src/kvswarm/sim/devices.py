@@ -9,6 +9,13 @@ curves (latency at queue depth 1, IOPS-bound small I/O, bandwidth-bound large I/
    HDD ``positioning + bytes / bandwidth`` where positioning (seek + rotation, taken as
    ``1 / iops``) is skipped when the op starts where the previous one ended (sequential).
 
+A *paced* drive is a rate limiter instead (the kernel's blkio throttle, a token bucket):
+an op waits until the drive's budget covers it, then takes only the fixed latency; its
+own transfer time is charged to the ops after it, and up to ``burst_s`` (bytes) and
+``burst_ops_s`` (ops) of budget left unused while idle can be spent later: two generic
+cell rate algorithms, as the kernel checks the bps and IOPS limits apart.  Emulated
+drives are paced.
+
 A link is one serial stage of ``max(bytes / bandwidth, ops / iops)`` plus a fixed
 latency: the host's PCIe uplink to the drives, a DRAM memcpy, the PCIe link to the GPU,
 or, when validating on emulated drives, the one physical disk they all share.
@@ -37,6 +44,9 @@ class DriveModel:
     write_latency: float
     queue_depth: int = 64
     kind: str = "ssd"  # "ssd" or "hdd"
+    paced: bool = False  # rate-limited (blkio throttle) rather than a serial transfer stage
+    burst_s: float = 0.0  # paced drives: how far ahead of its byte rate the drive may run (bucket depth)
+    burst_ops_s: float = 0.0  # paced drives: the same for its op rate (the kernel checks bps and IOPS apart)
 
     def __post_init__(self) -> None:
         if self.kind not in ("ssd", "hdd"):
@@ -49,6 +59,8 @@ class DriveModel:
                 raise ValueError(f"drive model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if self.queue_depth < 1:
             raise ValueError(f"drive model {self.name!r}: queue_depth must be >= 1")
+        if self.burst_s < 0 or self.burst_ops_s < 0:
+            raise ValueError(f"drive model {self.name!r}: burst_s and burst_ops_s must be >= 0")
 
     def scaled(self, **changes: float) -> DriveModel:
         return replace(self, **changes)
@@ -120,6 +132,7 @@ class SimDrive:
         self.bytes = [0, 0]
         self.ops = [0, 0]
         self._head = -1  # end offset of the last op: HDD sequential detection
+        self._budget = [[0.0, 0.0], [0.0, 0.0]]  # paced: [read, write] x [bytes, ops] theoretical arrival times
 
     def serve(self, nbytes: int, nops: int, write: bool, offset: int = -1, seeks: int | None = None):
         """simpy process: ``nops`` ops of ``nbytes`` in all, served as one; they lie in ``seeks``
@@ -128,17 +141,27 @@ class SimDrive:
         with self.slots.request() as slot:
             yield slot
             fixed = m.fixed_latency(write)
-            if fixed:
-                yield self.env.timeout(fixed)
-            with self.channel.request() as ch:
-                yield ch
-                seeks = nops if seeks is None else seeks
-                if offset >= 0 and offset == self._head:
-                    seeks -= 1  # continues where the head is: no positioning
-                t = m.transfer_time(nbytes, nops, write, seeks)
-                self._head = offset + nbytes if offset >= 0 and seeks <= 1 else -1
-                self.busy += t
-                yield self.env.timeout(t)
+            if m.paced:
+                tb = nbytes / (m.write_bw if write else m.read_bw)
+                to = nops / (m.write_iops if write else m.read_iops)
+                now, tat = self.env.now, self._budget[write]
+                start = max(now, tat[0] - m.burst_s, tat[1] - m.burst_ops_s)
+                tat[0] = max(tat[0], start) + tb
+                tat[1] = max(tat[1], start) + to
+                self.busy += max(tb, to)
+                yield self.env.timeout(start - self.env.now + fixed)
+            else:
+                if fixed:
+                    yield self.env.timeout(fixed)
+                with self.channel.request() as ch:
+                    yield ch
+                    seeks = nops if seeks is None else seeks
+                    if offset >= 0 and offset == self._head:
+                        seeks -= 1  # continues where the head is: no positioning
+                    t = m.transfer_time(nbytes, nops, write, seeks)
+                    self._head = offset + nbytes if offset >= 0 and seeks <= 1 else -1
+                    self.busy += t
+                    yield self.env.timeout(t)
         self.bytes[write] += nbytes
         self.ops[write] += nops
 

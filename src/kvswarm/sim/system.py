@@ -34,6 +34,10 @@ class SystemModel:
     dram_copy: LinkModel | None = None  # memcpy: joining multi-extent objects, DRAM tier copies
     gpu_link: LinkModel | None = None  # host memory -> GPU
     engine_depth: int = 4  # ops in flight per drive from the host (thread workers / io_uring depth)
+    # The thread engine's way: a drive's share of a batch is cut into engine_depth chunks, each
+    # read in order by one worker and completed (latency recorded) as a whole.  False: io_uring-like,
+    # each op completes on its own.
+    chunked: bool = False
     cpu_per_op: float = 0.0  # host seconds per extent to submit and verify (one GIL: serial)
     cpu_per_byte: float = 0.0  # host seconds per payload byte (checksum)
     stripe_unit: int = 1 << 20
@@ -177,7 +181,7 @@ class SimStore:
         total = sum(r[2] for o in objs for r in o.runs)
         nops = sum(len(o.extents) for o in objs)
         yield from self._cpu(nops, sum(n for _, n in items))
-        yield self.env.all_of([self.env.process(self._io(*op, write=True)) for op in self._ops(objs)])
+        yield self.env.all_of(self._submit(self._ops(objs), write=True))
         rec = BatchRecord("put", t0, self.env.now, total, nops, hits=len(items))
         self.records.append(rec)
         return rec
@@ -196,7 +200,7 @@ class SimStore:
                 joined += obj.nbytes  # the store returns such objects as a joined copy
         nops = sum(len(o.extents) for o in objs)
         if objs:
-            yield self.env.all_of([self.env.process(self._io(*op, write=False)) for op in self._ops(objs)])
+            yield self.env.all_of(self._submit(self._ops(objs), write=False))
             yield from self._cpu(nops, payload)
             if joined and self.dram:
                 yield from self.dram.transfer(joined)
@@ -224,7 +228,25 @@ class SimStore:
             out.append((d, runs[0][0], sum(r[1] for r in runs), sum(r[2] for r in runs), seeks))
         return out
 
-    def _io(self, drive: int, offset: int, nbytes: int, nops: int, seeks: int, write: bool):
+    def _submit(self, ops: list[tuple[int, int, int, int, int]], write: bool) -> list:
+        if not self.model.chunked:
+            return [self.env.process(self._io(*op, write=write)) for op in ops]
+        per: defaultdict[int, list[tuple]] = defaultdict(list)
+        for op in ops:
+            per[op[0]].append(op)
+        procs = []
+        for rs in per.values():
+            step = -(-len(rs) // min(self.model.engine_depth, len(rs)))
+            procs += [self.env.process(self._chunk(rs[i:i + step], write)) for i in range(0, len(rs), step)]
+        return procs
+
+    def _chunk(self, ops: list[tuple[int, int, int, int, int]], write: bool):
+        t0 = self.env.now
+        for op in ops:
+            yield from self._io(*op, write=write, record=False)
+        self.op_latencies.extend([self.env.now - t0] * len(ops))
+
+    def _io(self, drive: int, offset: int, nbytes: int, nops: int, seeks: int, write: bool, record: bool = True):
         t0 = self.env.now
         with self.engine[drive].request() as slot:
             yield slot
@@ -233,7 +255,8 @@ class SimStore:
             yield from self.drives[drive].serve(nbytes, nops, write, offset, seeks)
             if not write and self.host_link:
                 yield from self.host_link.transfer(nbytes, nops)
-        self.op_latencies.append(self.env.now - t0)
+        if record:
+            self.op_latencies.append(self.env.now - t0)
 
     def _cpu(self, nops: int, nbytes: int):
         t = self.model.cpu_per_op * nops + self.model.cpu_per_byte * nbytes
