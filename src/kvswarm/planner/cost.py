@@ -82,7 +82,8 @@ def gpu_hourly_usd(gpu: GpuType, count: float, util: float, cat: Catalog) -> flo
 def enumerate_mixes(cat: Catalog, dram_gb: Iterable[float], ssd_counts: Iterable[int], hdd_counts: Iterable[int],
                     ssd_types: Iterable[str] | None = None, hdd_types: Iterable[str] | None = None,
                     dram_type: str | None = None) -> list[Mix]:
-    """Every combination of the given sizes over the catalog's (or the named) SSD and HDD types."""
+    """Every combination of the given sizes over the catalog's (or the named) SSD and HDD types
+    (an HDD pool only below an SSD pool)."""
     dram = cat.get("dram", dram_type) if dram_type else next(iter(cat.dram.values()))
     ssds = [cat.get("drives", k) for k in ssd_types] if ssd_types else cat.by_kind("ssd")
     hdds = [cat.get("drives", k) for k in hdd_types] if hdd_types else cat.by_kind("hdd")
@@ -96,4 +97,5 @@ def enumerate_mixes(cat: Catalog, dram_gb: Iterable[float], ssd_counts: Iterable
         raise ValueError(f"{sizes[-1]:g} GB DRAM exceeds the catalog's max_gb {dram.max_gb:g} for {dram.key}")
     ssd_opts = [(None, 0)] + [(d, n) for d in ssds for n in sorted(set(ssd_counts)) if n > 0]
     hdd_opts = [(None, 0)] + [(d, n) for d in hdds for n in sorted(set(hdd_counts)) if n > 0]
-    return [Mix(g, dram, s, ns, h, nh) for g in sizes for s, ns in ssd_opts for h, nh in hdd_opts]
+    # The capacity pool holds what the SSD pool demotes: no HDD pool without SSDs (as in the tiered store).
+    return [Mix(g, dram, s, ns, h, nh) for g in sizes for s, ns in ssd_opts for h, nh in hdd_opts if ns or not nh]

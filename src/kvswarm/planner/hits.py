@@ -1,4 +1,4 @@
-"""Which tier serves each block reference of a workload, for any DRAM / SSD / HDD capacity.
+"""Which tier serves each block reference of a workload, and what each request writes, per capacity.
 
 The hierarchy is the one of the tiered store: the SSD pool and the capacity (HDD) pool
 form an exclusive chain (blocks evicted from SSD are demoted to HDD), and DRAM is an
@@ -8,6 +8,12 @@ pass of exact LRU stack distances (Mattson et al., 1970) gives the serving tier 
 reference for every capacity vector at once: distance < C_dram -> DRAM, < C_ssd -> SSD,
 < C_ssd + C_hdd -> HDD, else a miss.  A request uses only its longest cached prefix
 (as the store's lookup does), so a block after the first miss is a miss too.
+
+That closed form (:class:`LRUHits`) screens thousands of mixes.  :class:`DirectorHits`
+replays the workload through the tiers' own :class:`~kvswarm.tiers.TierDirector` (the
+eviction, write and demotion strategies the real TierManager executes: LRU, ARC, S3-FIFO;
+write-through, write-back, selective; always, drop, cost-aware) and is used for the
+finalists, with exact write traffic per tier.
 """
 
 from __future__ import annotations
@@ -81,6 +87,20 @@ class LRUHits:
         # First reference of each request, to cut at the first miss (longest cached prefix).
         self.n_requests = workload.requests
 
+    def writes(self, caps: TierCaps) -> np.ndarray:
+        """(n_requests, 2) blocks each request writes to the SSD pool and the HDD pool, estimated
+        for write-through and always-demote: every block computed or read from HDD is written to
+        SSD; once the SSD pool is full each write there demotes one block to HDD."""
+        tier = self.served(caps)
+        counts = per_request(tier, self.req, self.n_requests)
+        ssd = (counts[:, MISS] + counts[:, HDD]) if caps.ssd else np.zeros(self.n_requests, np.int64)
+        out = np.zeros((self.n_requests, 2), np.float64)
+        out[:, 0] = ssd
+        total = ssd.sum()
+        if caps.hdd and total:
+            out[:, 1] = ssd * max(0.0, 1.0 - caps.ssd / total)
+        return out
+
     def served(self, caps: TierCaps) -> np.ndarray:
         """Per reference: DRAM, SSD, HDD or MISS (prefix rule applied)."""
         d = self.dist
@@ -104,6 +124,73 @@ class LRUHits:
             return 0
         k = int(np.ceil(share_of_ideal * len(d))) - 1
         return int(d[max(0, k)]) + 1
+
+
+class DirectorHits:
+    """Serving tiers and writes from a replay through :class:`~kvswarm.tiers.TierDirector`.
+
+    Each request looks up its blocks (longest cached prefix), then every block enters DRAM
+    (``admit``: from the tier that served it, or computed); the director's Copy actions
+    into the SSD and capacity tiers are the request's writes.  Replays are memoised per
+    capacity vector.
+    """
+
+    def __init__(self, workload: Workload, eviction: str = "lru", write: str = "write-through",
+                 demotion: str = "always", demotion_kw: dict | None = None) -> None:
+        from kvswarm.tiers import make_eviction, make_write_policy
+
+        make_eviction(eviction, 1)  # unknown names fail here, before any replay
+        make_write_policy(write)
+        if demotion not in ("always", "drop", "cost-aware"):
+            raise ValueError(f"unknown demotion policy {demotion!r}; one of always, drop, cost-aware")
+        self.workload, self.eviction, self.write, self.demotion = workload, eviction, write, demotion
+        self.demotion_kw = demotion_kw or {}
+        _, self.req, self.pos = workload.refs()
+        self.n_requests = workload.requests
+        self.policy = f"{eviction}, {write}, demotion {demotion}"
+        self._cache: dict[TierCaps, tuple[np.ndarray, np.ndarray, dict]] = {}
+
+    def _replay(self, caps: TierCaps) -> tuple[np.ndarray, np.ndarray, dict]:
+        if caps in self._cache:
+            return self._cache[caps]
+        from kvswarm.tiers import Copy, Tier, TierDirector, make_demotion
+
+        if caps.hdd and not caps.ssd:
+            raise ValueError("a capacity (HDD) pool needs an SSD pool above it")
+        demotion = None
+        if caps.hdd:
+            demotion = make_demotion(self.demotion, **(self.demotion_kw if self.demotion == "cost-aware" else {}))
+        d = TierDirector([caps.dram, caps.ssd, caps.hdd], eviction=self.eviction, write=self.write,
+                         demotion=demotion)
+        to_code = {Tier.DRAM: DRAM, Tier.SSD: SSD, Tier.CAPACITY: HDD}
+        tier = np.full(len(self.req), MISS, np.int8)
+        writes = np.zeros((self.n_requests, 2), np.float64)
+        pos = 0
+        for i, blocks in enumerate(self.workload.blocks):
+            keys = blocks.tolist()
+            got = d.lookup(keys)
+            for j, t in enumerate(got):
+                tier[pos + j] = to_code[t]
+            w_ssd = w_hdd = 0
+            for j, k in enumerate(keys):
+                for a in d.admit(k, got[j] if j < len(got) else None):
+                    if isinstance(a, Copy):
+                        w_ssd += a.dst == Tier.SSD
+                        w_hdd += a.dst == Tier.CAPACITY
+            writes[i] = (w_ssd, w_hdd)
+            pos += len(keys)
+        out = (tier, writes, dict(d.counters))
+        self._cache[caps] = out
+        return out
+
+    def served(self, caps: TierCaps) -> np.ndarray:
+        return self._replay(caps)[0]
+
+    def writes(self, caps: TierCaps) -> np.ndarray:
+        return self._replay(caps)[1]
+
+    def counters(self, caps: TierCaps) -> dict:
+        return self._replay(caps)[2]
 
 
 def _prefix_cut(tier: np.ndarray, req: np.ndarray) -> np.ndarray:

@@ -105,10 +105,15 @@ class Projection:
 
 
 class Planner:
-    def __init__(self, s: PlanSettings, hits: LRUHits | None = None) -> None:
+    """``hits`` (default: LRU stack distances) screens every mix; ``final_hits`` (default: the same)
+    gives the finalists' tiers and writes, e.g. a :class:`~kvswarm.planner.hits.DirectorHits`
+    replay through the tier policies."""
+
+    def __init__(self, s: PlanSettings, hits: LRUHits | None = None, final_hits=None) -> None:
         self.s = s
         w = s.workload
         self.hits = hits or LRUHits(w)
+        self.final_hits = final_hits or self.hits
         self.block_bytes = w.block_tokens * s.model.token_bytes
         self.duration = max(w.duration, 1.0)
         self.tokens = float(w.input_len.sum() + w.output_len.sum())
@@ -119,11 +124,11 @@ class Planner:
         return TierCaps(mix.dram_bytes // b, mix.ssd_bytes // b, mix.hdd_bytes // b)
 
     # ---- per-request quantities ----------------------------------------------------------
-    def _requests(self, caps: TierCaps) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _requests(self, caps: TierCaps, hits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(per-request block counts by tier, cached tokens, prefill compute seconds)."""
         w, s = self.s.workload, self.s
-        tier = self.hits.served(caps)
-        counts = per_request(tier, self.hits.req, w.requests)
+        tier = hits.served(caps)
+        counts = per_request(tier, hits.req, w.requests)
         hit_blocks = counts[:, DRAM] + counts[:, SSD] + counts[:, HDD]
         cached = np.minimum(hit_blocks * w.block_tokens, w.input_len)
         new = w.input_len - cached
@@ -133,7 +138,8 @@ class Planner:
     def screen(self, mix: Mix) -> Projection:
         s, w, b = self.s, self.s.workload, self.block_bytes
         caps = self.caps(mix)
-        counts, cached, compute = self._requests(caps)
+        counts, cached, compute = self._requests(caps, self.hits)
+        wr = self.hits.writes(caps) * b  # bytes written per request to the SSD and HDD pools
         link_bw = s.link.model().bandwidth
         gpu_bw = s.gpu.link().bandwidth
         ssd_bw = min(mix.n_ssd * mix.ssd.read_gbps * 1e9, link_bw) if mix.n_ssd else 0.0
@@ -148,12 +154,14 @@ class Planner:
         util = {
             "gpu": compute.sum() / (self.duration * gpus),
             "gpu_link": (ssd_b + hdd_b + dram_b).sum() / gpu_bw / self.duration,
-            "host_link": (ssd_b + hdd_b).sum() / link_bw / self.duration if mix.n_ssd or mix.n_hdd else 0.0,
+            "host_link": (ssd_b.sum() + hdd_b.sum() + wr.sum()) / link_bw / self.duration
+            if mix.n_ssd or mix.n_hdd else 0.0,
         }
         if mix.n_ssd:
-            util["ssd"] = ssd_b.sum() / ssd_bw / self.duration
+            util["ssd"] = (ssd_b.sum() / ssd_bw + wr[:, 0].sum() / (mix.n_ssd * mix.ssd.write_gbps * 1e9)) \
+                / self.duration
         if mix.n_hdd:
-            util["hdd"] = t_hdd.sum() / self.duration
+            util["hdd"] = (t_hdd.sum() + wr[:, 1].sum() / (mix.n_hdd * mix.hdd.write_gbps * 1e9)) / self.duration
         ttft = load + compute
         return self._finish(mix, caps, counts, cached, gpus, ttft, load, compute, util, "analytic")
 
@@ -195,7 +203,9 @@ class Planner:
         workload's last ``max_requests`` requests (all by default; tier residency still comes
         from the whole trace)."""
         s, w, b, mix = self.s, self.s.workload, self.block_bytes, proj.mix
-        counts, cached, compute = self._requests(proj.caps)
+        hits = self.final_hits
+        counts, cached, compute = self._requests(proj.caps, hits)
+        writes = np.rint(hits.writes(proj.caps)).astype(np.int64)
         n = w.requests if max_requests is None else max(1, min(w.requests, max_requests))
         lo = w.requests - n
         env = simpy.Environment()
@@ -212,7 +222,7 @@ class Planner:
         gpu_busy = [0.0]
         ttft = np.zeros(n)
         load = np.zeros(n)
-        tier_of = self.hits.served(proj.caps)
+        tier_of = hits.served(proj.caps)
         first = np.r_[0, np.cumsum([len(x) for x in w.blocks])]
         t0 = float(w.t[lo])
 
@@ -238,6 +248,10 @@ class Planner:
                 gpu_busy[0] += compute[i]
                 yield env.timeout(compute[i])
             ttft[j] = env.now - start
+            # The tier policy's writes (new blocks, promotions, demotions) follow, off the TTFT path.
+            for tier, col in ((SSD, 0), (HDD, 1)):
+                if writes[i, col] and tier in pools:
+                    env.process(pools[tier].put([(b"w%d:%d:%d" % (col, i, k), b) for k in range(writes[i, col])]))
 
         for i in range(lo, w.requests):
             env.process(request(i))
