@@ -1,0 +1,285 @@
+"""kvswarm as an SGLang HiCache storage backend (L3 below SGLang's host-memory pool).
+
+Loaded by ``--hicache-storage-backend dynamic`` with the extra config::
+
+    {"backend_name": "kvswarm", "module_path": "kvswarm.integrations.sglang",
+     "class_name": "KVSwarmHiCacheStorage", "interface_v1": 1,
+     "drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736, "tenant": ""}
+
+One page is one store object, keyed by SGLang's page hash plus the layout
+fingerprint (model, TP/PP rank, host-pool layout, page size, heads, dtype) and the
+tenant salt.  A page's bytes are the host pool's flat data page (all K, then all V),
+whichever interface moved it, so the zero-copy path (``batch_get_v1`` /
+``batch_set_v1``, memmoves straight between the pool and the store's aligned buffers)
+and the generic tensor path (``get`` / ``batch_get`` / ``set`` / ``batch_set``) read
+each other's pages.  Reads are checksummed by the store: a bad page is deleted and
+reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
+opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from kvswarm.integrations.keys import KeySpace, layout_dtype
+from kvswarm.layout import KVLayout
+from kvswarm.store import KVStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+
+def rank_dir(cfg: HiCacheStorageConfig) -> str:
+    return (f"rank{cfg.tp_rank}of{cfg.tp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
+            f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
+
+
+def pool_layout(cfg: HiCacheStorageConfig, pool: Any | None) -> KVLayout:
+    """The layout whose fingerprint keys this rank's pages (pool geometry when registered)."""
+    ident = (f"sglang:{cfg.model_name}|tp={cfg.tp_rank}/{cfg.tp_size}|pp={cfg.pp_rank}/{cfg.pp_size}"
+             f"|cp={cfg.attn_cp_rank}/{cfg.attn_cp_size}|dcp={cfg.dcp_rank}/{cfg.dcp_size}|mla={cfg.is_mla_model}")
+    if pool is None:
+        return KVLayout(1, 1, 1, "int8", model_id=ident)
+    return KVLayout(num_layers=pool.layer_num, num_kv_heads=getattr(pool, "head_num", 1),
+                    head_dim=getattr(pool, "head_dim", 1), dtype=layout_dtype(str(pool.dtype)),
+                    tokens_per_block=pool.page_size,
+                    model_id=f"{ident}|layout={pool.layout}|{type(pool).__name__}")
+
+
+class KVSwarmHiCacheStorage(HiCacheStorage):
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
+        extra = dict(storage_config.extra_config or {})
+        drives = extra.get("drives") or [p for p in os.environ.get("KVSWARM_DRIVES", "").split(",") if p]
+        if not drives:
+            raise ValueError("kvswarm HiCache backend needs 'drives' in the extra config (or KVSWARM_DRIVES)")
+        sub = rank_dir(storage_config)
+        paths = [os.path.join(d, sub) for d in drives]
+        for p in paths:
+            os.makedirs(p, exist_ok=True)
+        self.config = storage_config
+        self.tenant = extra.get("tenant", "")
+        self.durable = bool(extra.get("durable", True))
+        self.store = KVStore(StoreConfig(
+            drives=paths, capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)),
+            backend=extra.get("io_backend", "threads"), queue_depth=int(extra.get("queue_depth", 32)),
+            buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20))))
+        self.mem_pool_host = None
+        self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
+        log.info("kvswarm HiCache backend: %d drives, %d pages, catalog loaded in %.3f s",
+                 len(paths), len(self.store), self.store.reopen_seconds)
+
+    # ---- host pools ----------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self.keyspace = KeySpace.of("sglang", pool_layout(self.config, mem_pool_host), self.tenant)
+
+    def _key(self, key: str, pool: str | PoolName = PoolName.KV) -> bytes:
+        name = str(pool)
+        return self.keyspace.key(key if name == PoolName.KV.value else f"{key}.{name}")
+
+    # ---- store plumbing ------------------------------------------------------------
+    def _read(self, keys: Sequence[bytes], sink) -> list[bool]:
+        """Read ``keys``; ``sink(i, memoryview)`` consumes each hit (False: wrong size). Bad pages are deleted."""
+        ok = [False] * len(keys)
+        with self.store.get_many(keys) as res:
+            for i, view in enumerate(res.views):
+                if view is not None and sink(i, view) is not False:
+                    ok[i] = True
+        for i, k in enumerate(keys):
+            if not ok[i] and self.store.contains(k):
+                self.store.delete(k)  # corrupt or unreadable: recompute rather than loop on it
+        return ok
+
+    def _write(self, keys: Sequence[bytes], payloads) -> list[bool]:
+        """Write ``payloads(i)`` for keys not stored yet; durable before returning when ``durable``."""
+        todo = [i for i, k in enumerate(keys) if not self.store.contains(k)]
+        ok = [True] * len(keys)
+        if todo:
+            try:
+                done = self.store.put_many([(keys[i], payloads(i)) for i in todo])
+            except Exception:  # pool full, no healthy drive: a failed write, not a dead backend
+                log.exception("kvswarm HiCache backend: write of %d pages failed", len(todo))
+                done = [False] * len(todo)
+            for i, d in zip(todo, done):
+                ok[i] = d
+            if self.durable and any(done):
+                self.store.flush()
+        return ok
+
+    # ---- generic (tensor) interface ------------------------------------------------
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        dtype = self.mem_pool_host.dtype if self.mem_pool_host is not None else torch.uint8
+
+        def sink(i: int, view: memoryview) -> bool:
+            src = torch.frombuffer(view, dtype=torch.uint8)
+            if target_locations is not None and target_locations[i] is not None:
+                dst = target_locations[i]
+                flat = dst.view(-1).view(torch.uint8)
+                if flat.numel() != src.numel():
+                    return False
+                flat.copy_(src)
+                out[i] = dst
+            else:
+                out[i] = src.clone().view(dtype)
+            return True
+
+        self._read([self._key(k) for k in keys], sink)
+        return out
+
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        if values is None:
+            return False
+        return all(self._write([self._key(k) for k in keys], lambda i: _tensor_bytes(values[i])))
+
+    def exists(self, key: str) -> bool:
+        return self.store.contains(self._key(key))
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        for i, k in enumerate(keys):
+            if not self.store.contains(self._key(k)):
+                return i
+        return len(keys)
+
+    # ---- v1: pages moved straight between the host pool and the store ----------------
+    def _page_segments(self, host_indices: torch.Tensor, n: int) -> list[list[tuple[int, int]]]:
+        """Per page, its (address, bytes) runs in flat-page order: every K run, then every V run."""
+        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+        per = len(ptrs) // n
+        pages = []
+        for p in range(n):
+            runs = list(zip(ptrs[p * per:(p + 1) * per], sizes[p * per:(p + 1) * per]))
+            pages.append(runs[0::2] + runs[1::2])  # meta alternates K, V
+        return pages
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        pages = self._page_segments(host_indices, len(keys))
+
+        def sink(i: int, view: memoryview) -> bool:
+            if len(view) != sum(n for _, n in pages[i]):
+                return False
+            src = np.frombuffer(view, np.uint8).ctypes.data
+            for addr, n in pages[i]:
+                ctypes.memmove(addr, src, n)
+                src += n
+            return True
+
+        return self._read([self._key(k) for k in keys], sink)
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        pages = self._page_segments(host_indices, len(keys))
+
+        def payload(i: int) -> bytes:
+            buf = bytearray(sum(n for _, n in pages[i]))
+            dst = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+            for addr, n in pages[i]:
+                ctypes.memmove(dst, addr, n)
+                dst += n
+            return buf
+
+        return self._write([self._key(k) for k in keys], payload)
+
+    # ---- v2: several host pools (hybrid models, sidecar pools) --------------------------
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
+        kv = self.batch_exists(keys)
+        hits: dict[str, int] = {PoolName.KV: kv} if kv else {}
+        restorable = set(range(1, kv + 1))
+        for t in pool_transfers or []:
+            have = [self.store.contains(self._key(keys[i], t.name)) for i in range(kv)]
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                edge = next((i for i, h in enumerate(have) if not h), kv)
+                pool_ok = set(range(1, edge + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                tail = max(1, len(t.keys) if t.keys else 1)
+                pool_ok = {n for n in range(1, kv + 1) if all(have[max(0, n - tail):n])}
+                edge = max(pool_ok, default=0)
+            else:
+                raise ValueError(f"kvswarm HiCache backend: unsupported hit policy {t.hit_policy}")
+            if edge:
+                hits[str(t.name)] = edge
+            restorable &= pool_ok
+        ordered = sorted(restorable)
+        return PoolTransferResult(ordered[-1] if ordered else 0, hits, ordered)
+
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        out = {}
+        for t in transfers:
+            pool, offsets = self._pool_pages(t)
+            if offsets is None:
+                out[t.name] = [False] * len(t.keys or [])
+                continue
+            dummy = pool.get_dummy_flat_data_page()
+            nbytes = dummy.numel() * dummy.element_size()
+
+            def sink(i: int, view: memoryview, pool=pool, offsets=offsets, nbytes=nbytes, dummy=dummy) -> bool:
+                if len(view) != nbytes:
+                    return False
+                page = torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype)
+                pool.set_from_flat_data_page(offsets[i], page)
+                return True
+
+            out[t.name] = self._read([self._key(k, t.name) for k in t.keys], sink)
+        return out
+
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        out = {}
+        for t in transfers:
+            pool, offsets = self._pool_pages(t)
+            if offsets is None:
+                out[t.name] = [False] * len(t.keys or [])
+                continue
+            out[t.name] = self._write([self._key(k, t.name) for k in t.keys],
+                                      lambda i, pool=pool, offsets=offsets:
+                                      _tensor_bytes(pool.get_data_page(offsets[i], flat=True)))
+        return out
+
+    def _pool_pages(self, t: PoolTransfer) -> tuple[Any, list[int] | None]:
+        pools = getattr(self, "registered_pools", {})
+        pool = pools.get(t.name) or (self.mem_pool_host if t.name == PoolName.KV else None)
+        keys = t.keys or []
+        page = getattr(pool, "page_size", 1) or 1
+        if pool is None or t.host_indices is None or t.host_indices.numel() != len(keys) * page:
+            log.error("kvswarm HiCache backend: pool %s not registered or indices do not match keys", t.name)
+            return pool, None
+        return pool, [int(t.host_indices[i * page]) for i in range(len(keys))]
+
+    # ---- housekeeping (clear() stays the base no-op: the store is persistent) ---------
+    def get_stats(self):
+        return None
+
+    def close(self) -> None:
+        if self.store.engine is not None:
+            self.store.close()
+
+
+def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()

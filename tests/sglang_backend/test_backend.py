@@ -1,0 +1,181 @@
+"""KVSwarmHiCacheStorage against SGLang 0.5.x's real HiCacheStorage contract, backend factory
+and MHA host pools (CPU): round trips on every host layout, zero-copy and generic paths
+reading each other's pages, prefix existence, persistence, isolation, corruption, v2 pools."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+from kvswarm.drive import DATA_FILE
+from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.integrations.sglang import KVSwarmHiCacheStorage
+
+PAGE, LAYERS, HEADS, DIM = 16, 3, 2, 64
+LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+
+
+def host_pool(layout: str, seed: int = 0) -> MHATokenToKVPoolHost:
+    dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
+                           end_layer=LAYERS - 1)
+    pool = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout, pin_memory=False,
+                                device_capacity_tokens=dev.size, start_layer=dev.start_layer,
+                                end_layer=dev.end_layer, write_back_staging=dev.hicache_write_back_staging)
+    g = torch.Generator().manual_seed(seed)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=g).to(pool.kv_buffer.dtype))
+    return pool
+
+
+def storage_config(drives, model="tiny-llama", **extra) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        enable_storage_metrics=False, is_page_first_layout=False, model_name=model,
+        extra_config={"backend_name": "kvswarm", "module_path": "kvswarm.integrations.sglang",
+                      "class_name": "KVSwarmHiCacheStorage", "interface_v1": 1, "drives": drives,
+                      "capacity_per_drive": 16 << 20, **extra})
+
+
+def open_backend(drives, pool, **kw) -> KVSwarmHiCacheStorage:
+    """As SGLang's cache controller does: factory, then register the host pool."""
+    b = StorageBackendFactory.create_backend("dynamic", storage_config(drives, **kw), pool)
+    b.register_mem_pool_host(pool)
+    return b
+
+
+def pages(pool, first_page: int, n: int) -> torch.Tensor:
+    return torch.arange(first_page * PAGE, (first_page + n) * PAGE, dtype=torch.int64)
+
+
+def page_data(pool, idx: torch.Tensor, n: int) -> list[torch.Tensor]:
+    return [pool.get_data_page(int(idx[i * PAGE]), flat=True).clone() for i in range(n)]
+
+
+@pytest.fixture
+def drives(tmp_path):
+    paths = [str(tmp_path / f"nvme{i}") for i in range(2)]
+    for p in paths:
+        os.makedirs(p)
+    return paths
+
+
+def test_dynamic_loading_gives_a_hicache_storage(drives):
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    assert isinstance(b, HiCacheStorage) and isinstance(b, KVSwarmHiCacheStorage)
+    assert [os.listdir(d) for d in drives] == [["rank0of1-pp0of1-cp0of1-dp0"]] * 2
+    b.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_v1_round_trip_and_prefix_exists(drives, layout):
+    pool = host_pool(layout)
+    b = open_backend(drives, pool)
+    keys = [f"h{i:04d}" for i in range(6)]
+    src = pages(pool, 0, 6)
+    want = page_data(pool, src, 6)
+    assert b.batch_exists(keys) == 0
+    assert b.batch_set_v1(keys, src) == [True] * 6
+    assert b.batch_exists(keys) == 6 and b.batch_exists(keys[:2] + ["nope"] + keys[2:]) == 2
+    dst = pages(pool, 10, 6)
+    assert b.batch_get_v1(keys, dst) == [True] * 6
+    for i, got in enumerate(page_data(pool, dst, 6)):
+        assert torch.equal(got, want[i])
+    assert b.store.counters["puts"] == 6
+    assert b.batch_set_v1(keys, src) == [True] * 6  # present already: nothing rewritten
+    assert b.store.counters["puts"] == 6
+    b.close()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_generic_and_zero_copy_paths_share_pages(drives, layout):
+    pool = host_pool(layout)
+    b = open_backend(drives, pool)
+    src = pages(pool, 0, 2)
+    want = page_data(pool, src, 2)
+    assert b.batch_set(["a", "b"], want)  # generic path: flat data pages
+    assert b.batch_get_v1(["a", "b"], pages(pool, 4, 2)) == [True, True]
+    assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 4, 2), 2), want))
+    assert b.batch_set_v1(["c"], pages(pool, 1, 1)) == [True]  # zero-copy write, generic read
+    dummy = pool.get_dummy_flat_data_page()
+    got = b.get("c", dummy)
+    assert got is dummy and torch.equal(got, want[1])
+    assert b.get("missing", pool.get_dummy_flat_data_page()) is None
+    b.close()
+
+
+def test_pages_persist_and_keys_are_isolated(drives):
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    src = pages(pool, 0, 3)
+    want = page_data(pool, src, 3)
+    assert all(b.batch_set_v1(["x", "y", "z"], src))
+    b.close()
+    b = open_backend(drives, pool)  # restarted server
+    assert b.batch_exists(["x", "y", "z"]) == 3
+    assert b.batch_get_v1(["x", "y", "z"], pages(pool, 8, 3)) == [True] * 3
+    assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 8, 3), 3), want))
+    b.close()
+    for other in ({"model": "another-model"}, {"tenant": "b"}):
+        b = open_backend(drives, pool, **other)
+        assert b.batch_exists(["x", "y", "z"]) == 0
+        b.close()
+    b = open_backend(drives, host_pool("layer_first"))  # same model, other host layout: other bytes
+    assert b.batch_exists(["x"]) == 0
+    b.close()
+
+
+def test_corrupt_page_is_a_miss_and_dropped(drives):
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    keys = ["p0", "p1", "p2", "p3"]
+    assert all(b.batch_set_v1(keys, pages(pool, 0, 4)))
+    drv, off, _, _ = b.store.catalog.entries[key_digest(b._key("p2"))].extents[0]
+    b.close()
+    path = os.path.join(drives[drv], "rank0of1-pp0of1-cp0of1-dp0", DATA_FILE)
+    with open(path, "r+b") as f:
+        f.seek(off + HEADER_SIZE + 33)
+        f.write(b"\xde\xad")
+    b = open_backend(drives, pool)
+    dst = pages(pool, 8, 4)
+    before = page_data(pool, dst, 4)
+    assert b.batch_get_v1(keys, dst) == [True, True, False, True]
+    assert torch.equal(page_data(pool, dst, 4)[2], before[2])  # a bad page never lands in the pool
+    assert b.store.counters["corrupt"] == 1
+    assert b.batch_exists(keys) == 2  # dropped: SGLang recomputes it and may store it again
+    assert b.batch_set_v1(["p2"], pages(pool, 2, 1)) == [True]
+    assert b.batch_exists(keys) == 4
+    b.close()
+
+
+def test_v2_pools_and_trailing_hit_policy(drives):
+    kv, swa = host_pool("page_first", 1), host_pool("page_first", 2)
+    b = open_backend(drives, kv)
+    b.register_mem_host_pool_v2(kv, PoolName.KV)
+    b.register_mem_host_pool_v2(swa, PoolName.SWA)
+    keys = [f"k{i}" for i in range(4)]
+    idx = pages(kv, 0, 4)
+    res = b.batch_set_v2([PoolTransfer(PoolName.KV, host_indices=idx, keys=keys),
+                          PoolTransfer(PoolName.SWA, host_indices=idx[-PAGE:], keys=keys[-1:])])
+    assert res == {PoolName.KV: [True] * 4, PoolName.SWA: [True]}
+    hit = b.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys[-1:],
+                                                hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+    assert hit.kv_hit_pages == 4 and hit.restorable_prefix_pages == [4]
+    hit = b.batch_exists_v2(keys, [PoolTransfer(PoolName.SWA, keys=keys, hit_policy=PoolHitPolicy.ALL_PAGES)])
+    assert hit.kv_hit_pages == 0
+    want = page_data(swa, idx[-PAGE:], 1)[0]
+    out = b.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=pages(swa, 9, 1), keys=keys[-1:])])
+    assert out == {PoolName.SWA: [True]}
+    assert torch.equal(page_data(swa, pages(swa, 9, 1), 1)[0], want)
+    b.close()
