@@ -5,9 +5,20 @@
 - ``KVSwarmTierManager`` (``{"type": "KVSwarmTierManager", "module_path":
   "kvswarm.integrations.vllm.tier", ...}`` in ``secondary_tiers``): the tier alone, under
   vLLM's own ``TieringOffloadingSpec`` on GPU servers.
+
+Imported lazily, so the engine-free parts (``copier``) load without vLLM installed.
 """
 
-from kvswarm.integrations.vllm.spec import KVSwarmOffloadingSpec
-from kvswarm.integrations.vllm.tier import KVSwarmTierManager
+from __future__ import annotations
 
-__all__ = ["KVSwarmOffloadingSpec", "KVSwarmTierManager"]
+import importlib
+
+_EXPORTS = {"KVSwarmOffloadingSpec": "kvswarm.integrations.vllm.spec",
+            "KVSwarmTierManager": "kvswarm.integrations.vllm.tier"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

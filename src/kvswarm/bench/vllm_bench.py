@@ -1,0 +1,407 @@
+"""vLLM's built-in ``fs`` offloading tier vs kvswarm's tier, both through vLLM's own tier interfaces.
+
+Both tiers are built by vLLM's ``SecondaryTierFactory`` over the same primary-tier
+chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
+``submit_load`` jobs, ``get_finished_jobs`` polling, ``lookup`` with RETRY):
+
+1. One drive, same disk: restore throughput (many requests' loads in flight) and one
+   request's load, per block size, next to the raw O_DIRECT ceiling of the same disk
+   (``kvswarm.bench.raw``: the best of io_uring and threads at the block size).
+2. Restart: a fresh tier instance after the page cache is dropped looks up every block
+   (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
+   counted from /proc/diskstats.
+3. Eight drives on kernel-throttled loop devices (``kvswarm.testbed``), equal caps per
+   drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root) vs
+   kvswarm striped over all eight.
+
+vLLM is imported only inside ``.venv-vllm`` (scripts/setup-vllm.sh); run from another
+interpreter this command re-executes itself there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvswarm.layout import KVLayout
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+REQUEST_BLOCKS = 16  # blocks per request: one vLLM job
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes (about a minute or two)")
+    p.add_argument("--json", metavar="PATH", help="write results (with a 'summary' dict) here; plots beside it")
+    p.add_argument("--dir", help="scratch directory on the disk under test (default: a temp dir in /var/tmp)")
+    p.add_argument("--block-sizes", default=None, help="comma-separated KiB per block (default 256,2048)")
+    p.add_argument("--restore-mib", type=int, default=None, help="MiB restored per block size")
+    p.add_argument("--lookup-blocks", type=int, default=None, help="blocks looked up after a restart")
+    p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
+    p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("vllm") is None:
+        return _reexec_in_vllm_venv()
+    from rich.console import Console
+
+    console = Console(width=max(150, Console().width))
+    quick = args.quick
+    sizes = [int(s) * KiB for s in (args.block_sizes or "256,2048").split(",")]
+    restore = (args.restore_mib or (256 if quick else 1024)) * MiB
+    lookups = args.lookup_blocks or (8192 if quick else 16384)
+    root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
+                     "request_blocks": REQUEST_BLOCKS, "one_drive": [], "restart": None, "eight_drives": None}
+    try:
+        for size in sizes:
+            console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
+            results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, console))
+        console.print(f"[bold]restart: cold lookup of {lookups} blocks[/bold]")
+        results["restart"] = restart_lookup(root, lookups, args.kv_backend, console)
+        if not args.no_testbed:
+            console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
+            results["eight_drives"] = eight_drives(256 * KiB, (128 if quick else 512) * MiB, args.kv_backend, console)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    results["summary"] = summarize(results)
+    report(results, console)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+        plot(results, os.path.splitext(args.json)[0] + ".png")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _reexec_in_vllm_venv() -> int:
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    py = os.path.join(repo, ".venv-vllm", "bin", "python")
+    if not os.path.exists(py) or os.path.realpath(sys.executable) == os.path.realpath(py):
+        print("kvswarm bench vllm needs vLLM: run scripts/setup-vllm.sh (it makes .venv-vllm)", file=sys.stderr)
+        return 2
+    return subprocess.call([py, "-m", "kvswarm.cli", *sys.argv[1:]])
+
+
+# ---- tiers ------------------------------------------------------------------------------
+def layout_for(block_bytes: int) -> KVLayout:
+    """A layout whose block is exactly ``block_bytes`` (I/O cost depends on bytes, not on the shape)."""
+    layout = KVLayout(1, 1, block_bytes // 4, "bfloat16", 1, model_id=f"bench-{block_bytes // KiB}KiB")
+    assert layout.block_bytes == block_bytes
+    return layout
+
+
+def fs_config(root: str) -> dict:
+    return {"type": "fs", "root_dir": root}
+
+
+def kv_config(drives: list[str], backend: str, capacity: int, meta_dir: str | None = None) -> dict:
+    from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
+
+    return {"type": TIER_TYPE, "module_path": MODULE_PATH, "drives": drives, "capacity_per_drive": capacity,
+            "backend": backend, "queue_depth": 32, "meta_dir": meta_dir, "buffer_pool_bytes": 512 * MiB}
+
+
+@dataclass
+class Bench:
+    """One primary region and one job stream, replayed against any tier."""
+
+    layout: KVLayout
+    nblocks: int
+
+    def __post_init__(self) -> None:
+        from kvswarm.integrations.vllm.harness import Primary, keys_for, offloading_spec
+
+        self.bs = self.layout.block_bytes
+        self.primary = Primary.create(self.nblocks, self.bs)
+        rng = np.random.default_rng(7)
+        for i in range(self.nblocks):  # distinct, incompressible blocks
+            self.primary.chunk(i)[:] = rng.integers(0, 256, self.bs, dtype=np.uint8)
+        self.keys = keys_for(self.nblocks)
+        self.spec = offloading_spec(self.layout, self.nblocks * self.bs)
+        self.digest = [hash(bytes(self.primary.chunk(i)[:4096])) for i in range(self.nblocks)]
+
+    def open(self, config: dict):
+        from kvswarm.integrations.vllm.harness import JobRunner, make_tier
+
+        return JobRunner(make_tier(config, self.primary, self.spec))
+
+    def requests(self) -> list[list[int]]:
+        return [list(range(i, min(i + REQUEST_BLOCKS, self.nblocks))) for i in range(0, self.nblocks, REQUEST_BLOCKS)]
+
+    def store(self, run) -> float:
+        """Store every block, one job per request, all in flight; seconds until all done."""
+        t0 = time.perf_counter()
+        ids = [run.submit([self.keys[i] for i in r], r, load=False) for r in self.requests()]
+        res = run.wait(ids)
+        assert all(r.success for r in res.values()), "store failed"
+        return time.perf_counter() - t0
+
+    def restore(self, run) -> float:
+        """Load every block back (into the same slots), all requests in flight; verify a sample."""
+        self.primary.mm[:] = bytes(len(self.primary.mm))
+        t0 = time.perf_counter()
+        ids = [run.submit([self.keys[i] for i in r], r, load=True) for r in self.requests()]
+        res = run.wait(ids)
+        dt = time.perf_counter() - t0
+        assert all(r.success for r in res.values()), "restore failed"
+        for i in range(0, self.nblocks, max(1, self.nblocks // 16)):
+            assert hash(bytes(self.primary.chunk(i)[:4096])) == self.digest[i], f"block {i} differs"
+        return dt
+
+    def single_request(self, run, reps: int = 5) -> float:
+        """Median seconds of one request's load with nothing else in flight."""
+        reqs = self.requests()
+        times = []
+        for k in range(reps):
+            r = reqs[(k * 7) % len(reqs)]
+            t0 = time.perf_counter()
+            assert run.run([self.keys[i] for i in r], r, load=True).success
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def close(self) -> None:
+        self.primary.close()
+
+
+def drop_caches() -> None:
+    os.sync()
+    with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def tier_run(bench: Bench, config: dict) -> dict:
+    run = bench.open(config)
+    try:
+        store_s = bench.store(run)
+        drop_caches()
+        restore_s = bench.restore(run)
+        drop_caches()
+        single_s = bench.single_request(run)
+    finally:
+        run.tier.shutdown()
+    total = bench.nblocks * bench.bs
+    req = REQUEST_BLOCKS * bench.bs
+    return {"store_gbps": total / store_s / 1e9, "restore_gbps": total / restore_s / 1e9,
+            "single_request_ms": single_s * 1e3, "single_request_gbps": req / single_s / 1e9}
+
+
+# ---- 1. one drive, same disk ---------------------------------------------------------------
+def raw_ceiling(path: str, size: int, total: int, seconds: float = 3.0) -> dict:
+    """Best O_DIRECT read rate of ``size``-byte blocks from a file on the same disk."""
+    from kvswarm.bench.raw import run_threads, run_uring
+    from kvswarm.io.base import Op
+
+    n = max(64, total // size)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, n * size)
+        chunk = os.urandom(MiB)
+        for off in range(0, n * size, MiB):  # real data, not unwritten extents the fs answers with zeros
+            os.pwrite(fd, chunk, off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    drop_caches()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        ios = [(0, int(o) * size) for o in np.random.default_rng(1).permutation(n)]
+        best = {}
+        for name, fn in (("uring_qd32", lambda: run_uring([fd], ios, size, Op.READ, 32, seconds)),
+                         ("threads_16", lambda: run_threads([fd], ios, size, Op.READ, 16, seconds))):
+            with contextlib.suppress(Exception):
+                best[name] = fn().gbps
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    method = max(best, key=best.get)
+    return {"gbps": best[method], "method": method, "all": best}
+
+
+def one_drive(root: str, size: int, total: int, backend: str, console) -> dict:
+    bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
+    out = {"block_kib": size // KiB, "blocks": bench.nblocks}
+    try:
+        out["raw"] = raw_ceiling(os.path.join(root, "raw.bin"), size, total)
+        fs_root = os.path.join(root, f"fs-{size}")
+        out["fs"] = tier_run(bench, fs_config(fs_root))
+        shutil.rmtree(fs_root, ignore_errors=True)
+        kv_dir = os.path.join(root, f"kv-{size}")
+        os.makedirs(kv_dir)
+        out["kvswarm"] = tier_run(bench, kv_config([kv_dir], backend, bench.nblocks * (size + 64 * KiB) + 64 * MiB))
+        shutil.rmtree(kv_dir, ignore_errors=True)
+    finally:
+        bench.close()
+    raw = out["raw"]["gbps"]
+    for t in ("fs", "kvswarm"):
+        out[t]["restore_ratio_vs_raw"] = out[t]["restore_gbps"] / raw
+        out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / raw
+    console.print(f"  raw {raw:.2f} GB/s ({out['raw']['method']}); restore fs {out['fs']['restore_gbps']:.2f}, "
+                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s")
+    return out
+
+
+# ---- 2. restart lookup -------------------------------------------------------------------------
+def disk_reads() -> int:
+    """Reads completed on every whole disk (not partitions) since boot."""
+    total = 0
+    with open("/proc/diskstats") as f:
+        for line in f:
+            p = line.split()
+            name = p[2]
+            if name.startswith(("loop", "ram", "dm-", "sr")) or name[-1].isdigit() and not name.startswith("nvme"):
+                continue
+            if name.startswith("nvme") and "p" in name[4:]:
+                continue
+            total += int(p[3])
+    return total
+
+
+def restart_lookup(root: str, n: int, backend: str, console) -> dict:
+    bench = Bench(layout_for(4 * KiB), n)
+    configs = {"fs": fs_config(os.path.join(root, "fs-lookup"))}
+    kv_dir = os.path.join(root, "kv-lookup")
+    os.makedirs(kv_dir)
+    configs["kvswarm"] = kv_config([kv_dir], backend, n * 8 * KiB + 64 * MiB)
+    out: dict = {"blocks": n}
+    try:
+        for name, cfg in configs.items():
+            run = bench.open(cfg)
+            bench.store(run)
+            run.tier.shutdown()
+            drop_caches()
+            r0, t0 = disk_reads(), time.perf_counter()
+            run = bench.open(cfg)  # the restarted engine's tier
+            found = run.lookup(bench.keys)
+            dt = time.perf_counter() - t0
+            reads = disk_reads() - r0
+            run.tier.shutdown()
+            hits = sum(r.name == "HIT" for r in found)
+            out[name] = {"seconds": dt, "device_reads": reads, "hits": hits}
+            console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms, {reads} device reads, "
+                          f"{hits} hits")
+    finally:
+        bench.close()
+    return out
+
+
+# ---- 3. eight drives ---------------------------------------------------------------------------
+def eight_drives(size: int, total: int, backend: str, console) -> dict:
+    from kvswarm.testbed import KERNEL, Testbed
+
+    bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
+    drive_bytes = max(256 * MiB, 2 * bench.nblocks * size)
+    try:
+        with Testbed(drives=8, drive_bytes=drive_bytes, mode=KERNEL) as tb:
+            out = {"testbed": tb.info(), "block_kib": size // KiB, "blocks": bench.nblocks}
+            mnt = os.path.join(tb.root, "fs-mnt")
+            os.makedirs(mnt)
+            subprocess.run(["mkfs.ext4", "-q", "-F", tb.paths[0]], check=True)
+            subprocess.run(["mount", tb.paths[0], mnt], check=True)
+            try:
+                out["fs_1_drive"] = tier_run(bench, fs_config(os.path.join(mnt, "kv")))
+            finally:
+                subprocess.run(["umount", mnt], check=True)
+            out["kvswarm_8_drives"] = tier_run(bench, kv_config(list(tb.paths), backend, drive_bytes,
+                                                                meta_dir=tb.meta_dir))
+    finally:
+        bench.close()
+    out["restore_speedup"] = out["kvswarm_8_drives"]["restore_gbps"] / out["fs_1_drive"]["restore_gbps"]
+    console.print(f"  restore fs (1 drive) {out['fs_1_drive']['restore_gbps']:.3f} GB/s, kvswarm (8 drives) "
+                  f"{out['kvswarm_8_drives']['restore_gbps']:.3f} GB/s: x{out['restore_speedup']:.2f}")
+    return out
+
+
+# ---- output ------------------------------------------------------------------------------------
+def summarize(r: dict) -> dict:
+    s: dict = {}
+    for row in r["one_drive"]:
+        k = f"{row['block_kib']}k"
+        s[f"raw_gbps_{k}"] = row["raw"]["gbps"]
+        for t in ("fs", "kvswarm"):
+            s[f"{t}_restore_gbps_{k}"] = row[t]["restore_gbps"]
+            s[f"{t}_store_gbps_{k}"] = row[t]["store_gbps"]
+            s[f"{t}_restore_ratio_vs_raw_{k}"] = row[t]["restore_ratio_vs_raw"]
+            s[f"{t}_single_request_ratio_vs_raw_{k}"] = row[t]["single_request_ratio_vs_raw"]
+        s[f"restore_ratio_vs_raw_{k}"] = row["kvswarm"]["restore_ratio_vs_raw"]
+        s[f"restore_speedup_vs_fs_1drive_{k}"] = row["kvswarm"]["restore_gbps"] / row["fs"]["restore_gbps"]
+    rs = r["restart"]
+    if rs:
+        s["restart_lookup_speedup_vs_fs"] = rs["fs"]["seconds"] / rs["kvswarm"]["seconds"]
+        s["restart_lookup_fs_s"], s["restart_lookup_kvswarm_s"] = rs["fs"]["seconds"], rs["kvswarm"]["seconds"]
+        s["restart_device_reads_fs"] = rs["fs"]["device_reads"]
+        s["restart_device_reads_kvswarm"] = rs["kvswarm"]["device_reads"]
+    e = r["eight_drives"]
+    if e:
+        s["restore_speedup_vs_fs_8drives"] = e["restore_speedup"]
+        s["fs_1drive_restore_gbps_8drive_testbed"] = e["fs_1_drive"]["restore_gbps"]
+        s["kvswarm_8drives_restore_gbps"] = e["kvswarm_8_drives"]["restore_gbps"]
+    return s
+
+
+def report(r: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title="vLLM offloading tier: fs (vLLM built-in) vs kvswarm, through vLLM's tier interfaces")
+    for c in ("case", "raw GB/s", "fs restore", "kvswarm restore", "kvswarm/raw", "fs/raw", "kvswarm/fs",
+              "1-req kvswarm/raw", "1-req fs/raw", "store fs / kvswarm GB/s"):
+        t.add_column(c)
+    for row in r["one_drive"]:
+        f, k, raw = row["fs"], row["kvswarm"], row["raw"]["gbps"]
+        t.add_row(f"1 drive, {row['block_kib']} KiB", f"{raw:.2f}", f"{f['restore_gbps']:.2f}",
+                  f"{k['restore_gbps']:.2f}", f"{k['restore_ratio_vs_raw']:.2f}", f"{f['restore_ratio_vs_raw']:.2f}",
+                  f"x{k['restore_gbps'] / f['restore_gbps']:.2f}", f"{k['single_request_ratio_vs_raw']:.2f}",
+                  f"{f['single_request_ratio_vs_raw']:.2f}", f"{f['store_gbps']:.2f} / {k['store_gbps']:.2f}")
+    e = r["eight_drives"]
+    if e:
+        f, k = e["fs_1_drive"], e["kvswarm_8_drives"]
+        t.add_row(f"8 loop drives, {e['block_kib']} KiB", "", f"{f['restore_gbps']:.3f}", f"{k['restore_gbps']:.3f}",
+                  "", "", f"x{e['restore_speedup']:.2f}", "", "", f"{f['store_gbps']:.3f} / {k['store_gbps']:.3f}")
+    console.print(t)
+    rs = r["restart"]
+    if rs:
+        console.print(f"restart, {rs['blocks']} blocks: fs {rs['fs']['seconds'] * 1e3:.0f} ms "
+                      f"({rs['fs']['device_reads']} device reads), kvswarm {rs['kvswarm']['seconds'] * 1e3:.0f} ms "
+                      f"({rs['kvswarm']['device_reads']} reads): x{r['summary']['restart_lookup_speedup_vs_fs']:.1f}")
+    if e:
+        console.print(f"eight drives: {e['testbed']['emulation']} emulation, caps {e['testbed']['caps']}")
+    console.print("kvswarm stores are durable (fdatasync + catalog sync before a store job is reported); "
+                  "vLLM's fs tier does not fsync.")
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = r["one_drive"]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    x = np.arange(len(rows))
+    for j, (name, get) in enumerate((("raw O_DIRECT", lambda w: w["raw"]["gbps"]),
+                                     ("vLLM fs tier", lambda w: w["fs"]["restore_gbps"]),
+                                     ("kvswarm tier", lambda w: w["kvswarm"]["restore_gbps"]))):
+        ax[0].bar(x + (j - 1) * 0.27, [get(w) for w in rows], 0.27, label=name)
+    ax[0].set_xticks(x, [f"{w['block_kib']} KiB" for w in rows])
+    ax[0].set_ylabel("restore GB/s (one drive, same disk)")
+    ax[0].legend()
+    e = r["eight_drives"]
+    if e:
+        ax[1].bar(["vLLM fs, 1 drive", "kvswarm, 8 drives"],
+                  [e["fs_1_drive"]["restore_gbps"], e["kvswarm_8_drives"]["restore_gbps"]], color=["C1", "C2"])
+        ax[1].set_ylabel("restore GB/s (throttled loop drives)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
