@@ -92,12 +92,15 @@ class PrefixCache:
             return None, 0
         dt = _torch_dtype(lay)
         shape = (lay.num_layers, 2, lay.num_kv_heads, B, lay.head_dim)
-        kv = torch.empty((lay.num_layers, 2, lay.num_kv_heads, n * B, lay.head_dim), dtype=dt)
+        # [layers, K/V, batch, heads, tokens, head_dim]: each layer's K and V is contiguous
+        kv = torch.empty((lay.num_layers, 2, 1, lay.num_kv_heads, n * B, lay.head_dim), dtype=dt)
         for i, v in enumerate(hit.views[:n]):
-            kv[:, :, :, i * B:(i + 1) * B] = torch.frombuffer(v, dtype=dt, offset=HEADER_BYTES).view(shape)
+            kv[:, :, 0, :, i * B:(i + 1) * B] = torch.frombuffer(v, dtype=dt, offset=HEADER_BYTES).view(shape)
         cache = DynamicCache(config=self.model.config)
-        for layer in range(lay.num_layers):
-            cache.update(kv[layer, 0].unsqueeze(0), kv[layer, 1].unsqueeze(0), layer)
+        for layer, dl in enumerate(cache.layers):
+            # Hand the tensors over as the layer's state (``update`` would copy them once more).
+            dl.lazy_initialization(kv[layer, 0], kv[layer, 1])
+            dl.keys, dl.values = kv[layer, 0], kv[layer, 1]
         return cache, n * B
 
     def save(self, token_ids: Sequence[int], cache: DynamicCache, skip_blocks: int = 0) -> int:

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import DriveFull
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
@@ -39,6 +40,7 @@ from kvswarm.tiers.prefetch import PrefetchPolicy
 log = logging.getLogger(__name__)
 now = time.perf_counter
 POOL_TIERS = (Tier.SSD, Tier.CAPACITY)
+PUT_BATCH = 32  # pool writes submitted together
 
 
 @dataclass
@@ -72,9 +74,13 @@ class PrefixHit:
         if self._mgr is None:
             return
         if promote:
+            acts: list = []
+            bufs = {}
             for d, v, t in zip(self._digests, self.views, self.tiers):
                 if t != Tier.DRAM:
-                    self._mgr._execute(self._mgr.director.admit(d, t), {d: v})
+                    bufs[d] = v
+                    acts += self._mgr.director.admit(d, t)
+            self._mgr._execute(acts, bufs)
         self.views = []
         for s in self._pins:
             s.unpin()
@@ -197,7 +203,7 @@ class TierManager:
         self.director = TierDirector(caps, config.eviction, config.write, config.demotion)
         self.dram = DramTier(dram_blocks, bb)
         self.counters: Counter[str] = Counter()
-        self._puts: list[tuple[Tier, bytes, object]] = []
+        self._puts: list[tuple[Tier, list[bytes], object]] = []
         self._pending: dict[Tier, Counter[bytes]] = {t: Counter() for t in POOL_TIERS}
         self._doomed: dict[Tier, set[bytes]] = {t: set() for t in POOL_TIERS}
         self._orphans: list[GetHandle] = []
@@ -224,19 +230,27 @@ class TierManager:
     def insert(self, keys: Sequence[bytes], payloads: Sequence[object]) -> None:
         """Blocks computed for a request enter DRAM, and the pools as the write policy says."""
         self._check_health()
+        acts: list[Action] = []
+        bufs: dict[bytes, object] = {}
         for k, p in zip(keys, payloads):
             d = key_digest(k)
-            self._execute(self.director.admit(d, None), {d: p})
+            bufs[d] = p
+            acts += self.director.admit(d, None)
+        self._execute(acts, bufs)
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
+        acts: list[Action] = []
         for k in keys:
-            self._execute(self.director.evict(key_digest(k), tier), {})
+            acts += self.director.evict(key_digest(k), tier)
+        self._execute(acts, {})
 
     def clear_dram(self) -> None:
         """Evict every DRAM block (write-back applies): DRAM is then cold, as after a restart."""
+        acts: list[Action] = []
         for d in list(self.director.tiers[Tier.DRAM]):
-            self._execute(self.director.evict(d, Tier.DRAM), {})
+            acts += self.director.evict(d, Tier.DRAM)
+        self._execute(acts, {})
 
     def flush(self) -> None:
         """Write back what the write policy keeps, then make every pool durable."""
@@ -262,75 +276,141 @@ class TierManager:
 
     # ---- execution of actions --------------------------------------------------------------
     def _execute(self, acts: list[Action], bufs: dict[bytes, object]) -> None:
-        for a in acts:
-            if isinstance(a, Copy):
-                data, release = self._read(a.key, a.src, bufs)
-                if data is None:
-                    self.counters["copy_failures"] += 1
-                    self.director.lost(a.key, a.dst)
-                    continue
-                try:
-                    if a.dst == Tier.DRAM:
+        """Run actions in order.  The pool reads they need are issued first, one batch per pool;
+        pool writes are queued and submitted in batches (a queued block is read from its queue)."""
+        results: list = []
+        pre = self._preread(acts, results)
+        queued: dict[Tier, dict[bytes, tuple]] = {t: {} for t in POOL_TIERS}
+        try:
+            for a in acts:
+                if isinstance(a, Copy):
+                    data = self._source(a.key, a.src, bufs, pre, queued, results)
+                    if data is None:
+                        self.counters["copy_failures"] += 1
+                        self.director.lost(a.key, a.dst)
+                    elif a.dst == Tier.DRAM:
                         if not self.dram.put(a.key, data):
                             self.director.lost(a.key, Tier.DRAM)
                     else:
-                        self._put(a.dst, a.key, data)
-                finally:
-                    release()
-            elif a.tier == Tier.DRAM:
-                self.dram.drop(a.key)
-            elif self._pending[a.tier][a.key]:
-                self._doomed[a.tier].add(a.key)
-            else:
-                _delete_digest(self.stores[a.tier], a.key)
+                        self._queue(a.dst, a.key, data, a.src, queued)
+                elif a.tier == Tier.DRAM:
+                    self.dram.drop(a.key)
+                elif (q := queued[a.tier].pop(a.key, None)) is not None:
+                    if q[2] is not None:  # never written: release its DRAM pin
+                        q[2].unpin()
+                elif self._pending[a.tier][a.key]:
+                    self._doomed[a.tier].add(a.key)
+                else:
+                    _delete_digest(self.stores[a.tier], a.key)
+        finally:
+            for t in POOL_TIERS:
+                self._submit(t, queued[t])
+            for r in results:
+                r.release()
 
-    def _read(self, digest: bytes, src: Tier | None, bufs: dict[bytes, object]):
+    def _preread(self, acts: list[Action], results: list) -> dict[tuple[bytes, Tier], object]:
+        """Issue the pool reads ``acts`` will need, as one batch per pool (blocks written earlier
+        in ``acts`` or still being written are left to the in-order path)."""
+        want: dict[Tier, list[bytes]] = {t: [] for t in POOL_TIERS}
+        seen: set[tuple[bytes, Tier]] = set()
+        for a in acts:
+            if isinstance(a, Copy):
+                if a.src in want and (a.key, a.src) not in seen and not self._pending[a.src][a.key]:
+                    want[a.src].append(a.key)
+                if a.dst in want:
+                    seen.add((a.key, a.dst))
+                seen.add((a.key, a.src))
+        handles = []
+        for t, ds in want.items():
+            if ds:
+                try:
+                    handles.append((t, ds, self.stores[t].submit_get_digests(ds)))
+                except BufferPoolExhausted:  # too much at once: these go through the in-order path
+                    continue
+        views: dict[tuple[bytes, Tier], object] = {}
+        for t, ds, h in handles:
+            r = h.wait()
+            results.append(r)
+            views.update(((d, t), v) for d, v in zip(ds, r.views))
+        return views
+
+    def _source(self, digest: bytes, src: Tier | None, bufs: dict, pre: dict, queued: dict, results: list):
+        """The bytes of ``digest`` in ``src`` (None: the caller's buffer), or None when unreadable."""
         if src is None:
-            return bufs.get(digest), _noop
+            return bufs.get(digest)
         if src == Tier.DRAM:
-            return self.dram.get(digest), _noop
-        self._reap(src)  # a block being written is only readable once its put completed
-        r = self.stores[src].submit_get_digests([digest]).wait()
-        v = r.views[0]
+            return self.dram.get(digest)
+        if (q := queued[src].get(digest)) is not None:
+            return q[1]
+        if (digest, src) in pre:
+            v = pre[digest, src]
+        else:
+            if self._pending[src][digest]:
+                self._reap(src)  # a block being written is only readable once its put completed
+            r = self.stores[src].submit_get_digests([digest]).wait()
+            results.append(r)
+            v = r.views[0]
         if v is None or (k := block_key(v)) is None or key_digest(k) != digest:
             self.director.lost(digest, src)
-            r.release()
-            return None, _noop
-        return v, r.release
+            return None
+        return v
 
-    def _put(self, tier: Tier, digest: bytes, data) -> None:
+    def _queue(self, tier: Tier, digest: bytes, data, src: Tier | None, queued: dict) -> None:
         key = block_key(data)
         if key is None or key_digest(key) != digest:
             self.counters["copy_failures"] += 1
             self.director.lost(digest, tier)
             return
-        try:
-            h = self.stores[tier].submit_put([(key, data)])
-        except DriveFull:
-            self.counters["put_failures"] += 1
-            self.director.lost(digest, tier)
+        # A DRAM block stays pinned until its put has copied it (its slot may be dropped meanwhile).
+        slot = self.dram.pin(digest) if src == Tier.DRAM else None
+        queued[tier][digest] = (key, data, slot)
+        if len(queued[tier]) >= PUT_BATCH:
+            self._submit(tier, queued[tier])
+
+    def _submit(self, tier: Tier, q: dict[bytes, tuple]) -> None:
+        if not q:
             return
-        self._doomed[tier].discard(digest)
-        self._pending[tier][digest] += 1
-        self._puts.append((tier, digest, h))
+        items = list(q.items())
+        q.clear()
+        store = self.stores[tier]
+        try:
+            try:
+                batches = [([d for d, _ in items], store.submit_put([(k, v) for _, (k, v, _) in items]))]
+            except DriveFull:  # one at a time: as many as fit
+                batches = []
+                for d, (k, v, _) in items:
+                    try:
+                        batches.append(([d], store.submit_put([(k, v)])))
+                    except DriveFull:
+                        self.counters["put_failures"] += 1
+                        self.director.lost(d, tier)
+        finally:
+            for _, (_, _, slot) in items:
+                if slot is not None:
+                    slot.unpin()
+        for ds, h in batches:
+            for d in ds:
+                self._doomed[tier].discard(d)
+                self._pending[tier][d] += 1
+            self._puts.append((tier, ds, h))
 
     def _reap(self, tier: Tier | None = None) -> None:
         """Complete the puts in flight (of one tier, or all) and free abandoned reads."""
         keep = []
-        for t, d, h in self._puts:
+        for t, ds, h in self._puts:
             if tier is not None and t != tier:
-                keep.append((t, d, h))
+                keep.append((t, ds, h))
                 continue
-            ok = h.wait()[0]
-            self._pending[t][d] -= 1
-            if not self._pending[t][d]:
-                del self._pending[t][d]
-                if d in self._doomed[t]:
-                    self._doomed[t].discard(d)
-                    _delete_digest(self.stores[t], d)
-            if not ok:
-                self.counters["put_failures"] += 1
-                self.director.lost(d, t)
+            for d, ok in zip(ds, h.wait()):
+                self._pending[t][d] -= 1
+                if not self._pending[t][d]:
+                    del self._pending[t][d]
+                    if d in self._doomed[t]:
+                        self._doomed[t].discard(d)
+                        _delete_digest(self.stores[t], d)
+                if not ok:
+                    self.counters["put_failures"] += 1
+                    self.director.lost(d, t)
         self._puts = keep
         if tier is None:
             for h in self._orphans:

@@ -83,5 +83,5 @@ def block_capacity(store: KVStore, payload_bytes: int) -> int:
         total = sum((d.capacity - d.data_start) // per for d in healthy)
     else:
         total = sum(d.capacity - d.data_start for d in healthy) // per
-    slack = max(2 * len(healthy), total // 32)
+    slack = max(2 * len(healthy), total // 16)
     return max(0, total - slack)
