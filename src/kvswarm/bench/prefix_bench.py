@@ -243,14 +243,18 @@ def capacity_drives(root: Path, n: int, drive_bytes: int):
     try:
         from kvswarm.io.throttle import DriveCaps
         from kvswarm.testbed import Testbed
-    except ImportError as e:
-        yield {"drives": _drives(root, "cap", n), "capacity_per_drive": drive_bytes}, \
-            f"unthrottled directories under {root} (testbed unavailable: {e})"
+
+        caps = DriveCaps(**HDD_CAPS)
+        tb = Testbed(drives=n, drive_bytes=drive_bytes, caps=caps, root=str(root)).start()
+    except (ImportError, RuntimeError, OSError) as e:
+        yield ({"drives": _drives(root, "cap", n), "capacity_per_drive": drive_bytes},
+               f"unthrottled directories under {root} (no testbed: {e})")
         return
-    caps = DriveCaps(**HDD_CAPS)
-    with Testbed(drives=n, drive_bytes=drive_bytes, caps=caps, root=str(root)) as tb:
+    try:
         yield ({"drives": list(tb.paths), "meta_dir": tb.meta_dir, "capacity_per_drive": drive_bytes,
                 "wrap": tb.throttle, "cost": DriveCost.from_caps("hdd", caps)}, tb.describe())
+    finally:
+        tb.stop()
 
 
 def _time_prefill(model, ids) -> tuple[float, object]:
