@@ -217,10 +217,14 @@ class TierManager:
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
-        self._reap()
+        self._reap(wait=False)
         self._check_health()
         digests = [key_digest(k) for k in keys]
         tiers = self.director.lookup(digests)
+        for t in POOL_TIERS:  # a block is readable once its put completed
+            pending = self._pending[t]
+            if pending and any(p == t and pending[d] for d, p in zip(digests, tiers)):
+                self._reap(t)
         return Prefetch(self, keys, digests, tiers, now() if arrival is None else arrival,
                         policy or self.config.prefetch)
 
@@ -394,11 +398,12 @@ class TierManager:
                 self._pending[tier][d] += 1
             self._puts.append((tier, ds, h))
 
-    def _reap(self, tier: Tier | None = None) -> None:
-        """Complete the puts in flight (of one tier, or all) and free abandoned reads."""
+    def _reap(self, tier: Tier | None = None, wait: bool = True) -> None:
+        """Complete the puts in flight (of one tier, or all; with ``wait=False`` only those already
+        done) and free abandoned reads."""
         keep = []
         for t, ds, h in self._puts:
-            if tier is not None and t != tier:
+            if tier is not None and t != tier or not wait and not h.poll():
                 keep.append((t, ds, h))
                 continue
             for d, ok in zip(ds, h.wait()):
@@ -413,9 +418,13 @@ class TierManager:
                     self.director.lost(d, t)
         self._puts = keep
         if tier is None:
+            left = []
             for h in self._orphans:
-                h.wait().release()
-            self._orphans.clear()
+                if wait or h.poll():
+                    h.wait().release()
+                else:
+                    left.append(h)
+            self._orphans = left
 
     def _check_health(self) -> None:
         """After a drive failure: forget its blocks and shrink the pool's capacity."""
