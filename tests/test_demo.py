@@ -22,5 +22,5 @@ def test_demo_small_run(lm, tmp_path, capsys):
     assert s["prompt_tokens"] == 160 and s["steps"] == 3 and s["misses"] == 0
     assert 0 < s["read_mib_per_step"] < s["dense_mib_per_step"] and s["tokens_per_s"] > 0
     assert s["drive0_mib_per_step"] > 0 and s["drive1_mib_per_step"] > 0  # reads spread over both drives
-    assert 0.5 < s["recall"] <= 1.0
+    assert 0.5 < s["recall"] <= 1.0 and 0 <= s["agreement"] <= 1
     assert not list(tmp_path.glob("kvswarm-drives-*"))  # temp drives removed

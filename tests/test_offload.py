@@ -77,6 +77,22 @@ def test_sparse_reads_less_and_keeps_quality(run):
     assert np.mean(np.array(out.predicted) == np.array(ref.predicted)) >= 0.6
 
 
+def test_whole_pages_attend_what_was_read_anyway(run):
+    lm, _, pf, _, seq, ref, _ = run
+    runs = {}
+    for whole in (False, True):
+        auditor = QualityAuditor(seq)
+        cache = OffloadedKVCache(seq, "sparse", "oracle", sparsity=0.05, observers=[auditor], whole_pages=whole)
+        decode(lm.model, cache, pf.logits, 2, forced=ref.fed)
+        runs[whole] = cache.totals(), auditor.stats.mean("recall_offloaded")
+    (plain, r0), (whole, r1) = runs[False], runs[True]
+    # Same selector, same pages read (up to selection drift from the extra context), far more entries attended.
+    assert abs(whole.pages - plain.pages) <= 0.1 * plain.pages and whole.entries > 3 * plain.entries and r1 > r0
+    pos = seq.expand(0, np.array([20, 21, 55]))
+    assert set(pos) == set(seq.tables[0].pages[seq.tables[0].page_of[20]]) | set(
+        seq.tables[0].pages[seq.tables[0].page_of[55]])
+
+
 def test_memory_sequence_matches_the_store(run):
     lm, doc, pf, _, seq, ref, _ = run
     mem = MemorySequence(pf.kv(), doc.prompt_ids, lm.layout, sinks=4, window=16)

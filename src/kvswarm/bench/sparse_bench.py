@@ -142,7 +142,7 @@ class RunResult:
 
 def decode_config(lm, seq, store, forced: Sequence[int], first_logits, ref_pred: Sequence[int], *, name: str,
                   mode: str, selector=None, sparsity: float = 1.0, auditor=None, dense_layers=(),
-                  build_s: float = 0.0, on_step=None) -> RunResult:
+                  whole_pages: bool = False, build_s: float = 0.0, on_step=None) -> RunResult:
     """Decode ``forced`` over ``seq`` with one configuration and measure it."""
     from kvswarm.offload import DriveMeter, OffloadedKVCache, decode
     from kvswarm.sparse.metrics import RecallStats, agreement
@@ -150,7 +150,7 @@ def decode_config(lm, seq, store, forced: Sequence[int], first_logits, ref_pred:
     if auditor is not None:
         auditor.stats, auditor.seconds = RecallStats(), 0.0
     cache = OffloadedKVCache(seq, mode, selector, sparsity=sparsity, observers=[auditor] if auditor else [],
-                             dense_layers=dense_layers, build_index=False)
+                             dense_layers=dense_layers, build_index=False, whole_pages=whole_pages)
     steps = len(forced) - 1
     meter = DriveMeter(store)
     out = decode(lm.model, cache, first_logits, steps, forced=forced, on_step=on_step)
@@ -188,6 +188,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--dense-layers", default="", help="layers always attended densely, e.g. 0")
+    p.add_argument("--whole-pages", action="store_true",
+                   help="attend to every entry of each page read (free context), not only the selected ones")
     p.add_argument("--drives", type=int, default=4)
     p.add_argument("--drive-mode", choices=["auto", "testbed", "temp"], default="auto",
                    help="auto: kernel-capped testbed drives when root allows, else temp dirs")
@@ -237,6 +239,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
     kv = pf.kv()
     need = store_bytes_needed(lm.layout, len(doc), args.page_bytes) * len(cfg["groupings"])
     out: dict = {"config": cfg | {"page_bytes": args.page_bytes, "sinks": args.sinks, "window": args.window,
+                                  "whole_pages": args.whole_pages,
                                   "drives": args.drives, "backend": args.backend, "placement": args.placement,
                                   "source": doc.source, "titles": list(doc.titles), "seed": args.seed,
                                   "model": lm.model_id, "kv_dtype": lm.layout.dtype,
@@ -275,6 +278,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                         if sel_name is not None:
                             if sel_name not in built:
                                 sel = make_selector(sel_name)
+                                sel.bind(seq)
                                 t0 = time.perf_counter()
                                 with small_ops():
                                     for layer in range(lm.layout.num_layers):
@@ -285,7 +289,8 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                         r = decode_config(lm, seq, store, forced, pf.logits, ref.predicted,
                                           name=label if sel is None else f"{label}@{sp:g}",
                                           mode="dense" if sel is None else "sparse", selector=sel, sparsity=sp,
-                                          auditor=auditor, dense_layers=cfg["dense_layers"], build_s=build_s,
+                                          auditor=auditor, dense_layers=cfg["dense_layers"],
+                                          whole_pages=args.whole_pages, build_s=build_s,
                                           on_step=lambda i, t=task: prog.advance(t))
                         if len(cfg["groupings"]) > 1:
                             r.name += f"/{seq.grouping}"

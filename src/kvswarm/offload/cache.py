@@ -9,7 +9,9 @@ sink tokens, the recent window and the tokens decoded since in DRAM.
 * ``mode="sparse"``: ``update`` returns the resident KV only; the kvswarm attention hook
   (attention.py) then asks the selector for about ``budget`` offloaded entries given the
   step's query, fetches just those pages and attends over sinks + selected + window.
-  Layers listed in ``dense_layers`` and multi-token calls attend densely.
+  Layers listed in ``dense_layers`` and multi-token calls attend densely.  With
+  ``whole_pages=True`` attention also reads the other entries of every page fetched (they
+  arrive anyway: more recall for no extra I/O).
 
 A page that is missing, torn or fails its checksum is a counted miss: the prompt's KV is
 recomputed from its token ids (``recompute``), used for the step, and the bad pages are
@@ -100,7 +102,7 @@ class OffloadedKVCache(Cache):
     def __init__(self, source: EntrySource, mode: str = "dense", selector: str | Selector | None = None, *,
                  sparsity: float = 0.1, budget: int | None = None, dense_layers: Collection[int] = (),
                  observers: Sequence[StepObserver] = (), recompute: Recompute | None = None,
-                 build_index: bool = True) -> None:
+                 build_index: bool = True, whole_pages: bool = False) -> None:
         if mode not in ("dense", "sparse"):
             raise ValueError(f"mode must be 'dense' or 'sparse', got {mode!r}")
         if mode == "sparse" and selector is None:
@@ -113,11 +115,13 @@ class OffloadedKVCache(Cache):
         self.dense_layers = frozenset(dense_layers)
         self.observers = list(observers)
         self.recompute = recompute
+        self.whole_pages = whole_pages
         self.steps: list[StepStats] = []
         self._recomputed: Sequence[LayerKV] | None = None
         self._pending: int | None = None
         self._dtype = TORCH_DTYPES[self.layout.dtype]
         if self.selector is not None and build_index and n_off:
+            self.selector.bind(source)
             with small_ops():
                 for layer in range(self.layout.num_layers):
                     self.selector.build(layer, source.offloaded_keys(layer), self.geometry.offloaded)
@@ -175,6 +179,8 @@ class OffloadedKVCache(Cache):
             t0 = time.perf_counter()
             sel = self.selector.select(q, self.budget)
             stats.select_s += time.perf_counter() - t0
+        if self.whole_pages:
+            sel = Selection(self.source.expand(layer, sel.positions))
         f = self._fetch(layer, sel.positions, stats)
         with small_ops():
             for o in self.observers:

@@ -120,6 +120,14 @@ class EntrySource(abc.ABC):
         """Rewrite the storage holding ``positions`` from recomputed prompt KV; returns objects written."""
         return 0
 
+    def groups(self, layer: int) -> list[np.ndarray] | None:
+        """Positions of each stored object (page) of ``layer``, or None when there are no pages."""
+        return None
+
+    def expand(self, layer: int, positions: np.ndarray) -> np.ndarray:
+        """All positions stored together with ``positions`` (what reading them brings in anyway)."""
+        return positions
+
     def object_count(self) -> int:
         return 0
 
@@ -368,6 +376,14 @@ class StoreSequence(EntrySource):
         k, v = kv
         items = [(self.page_key(layer, int(p)), entries_array(k, v, table.pages[p])) for p in pages]
         return sum(self.store.put_many(items))
+
+    def groups(self, layer):
+        return self.tables[layer].pages
+
+    def expand(self, layer, positions):
+        table = self.tables[layer]
+        pages = np.unique(table.page_of[positions])
+        return np.sort(np.concatenate([table.pages[p] for p in pages])) if len(pages) else positions
 
     def object_count(self) -> int:
         return sum(len(t.pages) for t in self.tables)

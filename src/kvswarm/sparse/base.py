@@ -58,6 +58,11 @@ class Selector(abc.ABC):
     name: ClassVar[str] = "?"
     wants_feedback: ClassVar[bool] = False
 
+    def bind(self, source) -> None:
+        """Called once before ``build`` with the cache's ``EntrySource``: selectors that reason
+        about the storage layout (which entries share a page, e.g. co-activation clusters) read
+        ``source.groups(layer)`` here."""
+
     @abc.abstractmethod
     def build(self, layer: int, keys: torch.Tensor, positions: np.ndarray) -> None:
         """Index the offloaded entries of ``layer``: ``keys`` [kv_heads, n, head_dim] (post-RoPE)
