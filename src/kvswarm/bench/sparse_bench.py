@@ -259,7 +259,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                                            window=args.window, page_bytes=args.page_bytes, grouping=grouping)
                 wsec = time.perf_counter() - t0
                 wbytes = sum(d.bytes[1] for d in store.drive_stats)
-                console.print(f"offload [{seq.grouping}]: {seq.object_count()} pages of "
+                console.print(f"offload ({seq.grouping} grouping): {seq.object_count()} pages of "
                               f"{seq.tables[0].pages[0].size} entries over {args.drives} drives in {wsec:.1f} s "
                               f"({wbytes / wsec / 1e9:.2f} GB/s written so far)")
                 out.setdefault("offload", {})[seq.grouping] = {"seconds": wsec, "pages": seq.object_count()}
@@ -285,7 +285,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                                         sel.build(layer, seq.offloaded_keys(layer), seq.geometry.offloaded)
                                 built[sel_name] = (sel, time.perf_counter() - t0)
                             sel, build_s = built[sel_name]
-                        task = prog.add_task(f"{label}@{sp:g} [{seq.grouping}]", total=len(forced) - 1)
+                        task = prog.add_task(f"{label}@{sp:g} ({seq.grouping})", total=len(forced) - 1)
                         r = decode_config(lm, seq, store, forced, pf.logits, ref.predicted,
                                           name=label if sel is None else f"{label}@{sp:g}",
                                           mode="dense" if sel is None else "sparse", selector=sel, sparsity=sp,
@@ -333,9 +333,10 @@ def print_table(results: dict, console) -> None:
     t = Table(title=f"sparse decode from offloaded KV: {results['config']['tokens']}-token prompt, "
                     f"{results['config']['steps']} steps, {results['config']['drives']} drives "
                     f"(ratios: dense / configuration)")
-    for col in ("configuration", "entries/step", "pages/step", "MiB/step", "I/O ms/step", "I/O x", "bytes x",
-                "GB/s", "select ms", "recall", "recall off", "vs oracle", "agree", "Δppl", "tok/s"):
-        t.add_column(col, justify="left" if col == "configuration" else "right")
+    t.add_column("configuration", no_wrap=True)
+    for col in ("entries /step", "pages /step", "MiB /step", "I/O ms /step", "I/O x", "bytes x", "GB/s",
+                "select ms", "recall", "recall off", "vs oracle", "agree", "Δppl", "tok/s"):
+        t.add_column(col, justify="right")
     ref_ppl = results["reference"]["ppl"]
     for r in runs:
         t.add_row(r.name, f"{r.entries_per_step:.0f}", f"{r.pages_per_step:.0f}",
