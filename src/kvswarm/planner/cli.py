@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from kvswarm.planner.report import console as make_console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -110,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--finalists", type=int, default=4, help="mixes replayed in the simulator (default %(default)s)")
     s.add_argument("--sim-requests", type=int, default=1500, help="requests replayed per finalist: the trace's "
                    "last N (default %(default)s; 0 = all)")
+    s.add_argument("--eviction", default="lru", help="tier eviction policy of kvswarm.tiers: lru, arc, s3fifo "
+                   "(default %(default)s)")
+    s.add_argument("--write-policy", default="write-through", help="tier write policy: write-through, write-back, "
+                   "selective[:K] (default %(default)s)")
+    s.add_argument("--demotion", default="always", help="SSD -> HDD demotion policy: always, drop, cost-aware "
+                   "(default %(default)s)")
     s.add_argument("--placement", default="round_robin", help="store placement strategy used by the simulator "
                    "(default %(default)s)")
     s.add_argument("--stripe-unit", type=int, default=1 << 20, help="store stripe unit in bytes (default 1 MiB)")
@@ -155,6 +162,34 @@ def load_workload(args: argparse.Namespace):
     return wl.scaled(args.tenants)
 
 
+def director_hits(args: argparse.Namespace, wl, model, cat, settings):
+    """The finalists' tier model: None (LRU stack distances, exact for the default policies) or a
+    replay through the tier director with the chosen eviction / write / demotion strategies."""
+    from kvswarm.planner.hits import DirectorHits
+
+    if (args.eviction, args.write_policy, args.demotion) == ("lru", "write-through", "always"):
+        return None
+    kw = {}
+    if args.demotion == "cost-aware":
+        from kvswarm.tiers import ComputeModel, DriveCost
+
+        ssd = cat.get("drives", args.ssd_types[0]) if args.ssd_types else cat.by_kind("ssd")[0]
+        hdd = cat.get("drives", args.hdd_types[0]) if args.hdd_types else cat.by_kind("hdd")[0]
+        flops = settings.gpu.flops
+        q = model.num_q_heads * model.head_dim
+        # prefill_flops(n) = (2P + 2Lq) n + 2Lq n^2: the tiers' T(n) = a n + b n^2
+        compute = ComputeModel((2 * model.params_b * 1e9 + 2 * model.num_layers * q) / flops,
+                               2 * model.num_layers * q / flops)
+
+        def cost(d):
+            return DriveCost(d.kind, d.read_gbps * 1e3, d.write_gbps * 1e3, d.read_latency_us * 1e-6,
+                             d.write_latency_us * 1e-6, d.read_iops, d.write_iops)
+
+        kw = {"compute": compute, "tokens_per_block": wl.block_tokens,
+              "block_bytes": wl.block_tokens * model.token_bytes, "ssd": cost(ssd), "capacity": cost(hdd)}
+    return DirectorHits(wl, args.eviction, args.write_policy, args.demotion, kw)
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "plan_command", None):
         return args._run(args)
@@ -162,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _plan(args, console)
     except (ValueError, OSError) as e:  # CatalogError, WorkloadError and bad numbers are ValueErrors
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}")
         return 2
 
 
@@ -191,6 +226,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.placement import make_placement
 
     make_placement(args.placement)  # unknown names fail here, clearly
+    final_hits = director_hits(args, wl, model, cat, settings)
     block_mib = wl.block_tokens * model.token_bytes / 2**20
     console.print(f"model {model.name}: {model.token_bytes / 1024:.0f} KiB KV per token, {block_mib:.0f} MiB per "
                   f"{wl.block_tokens}-token block; workload {wl.name}: {wl.requests} requests over "
@@ -200,7 +236,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
         task = prog.add_task("LRU stack distances", total=len(mixes) + args.finalists + 1)
-        planner = Planner(settings)
+        planner = Planner(settings, final_hits=final_hits)
         prog.update(task, advance=1, description="screening mixes")
 
         def tick(stage: str) -> None:
@@ -214,6 +250,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
            "capacity_95_tb": planner.hits.capacity_for(0.95) * planner.block_bytes / 1e12, "gpu": args.gpu,
            "link": args.link, "catalog": cat.path, "budget_usd": args.budget, "ttft_target_s": args.ttft_target,
            "placement": args.placement, "sim_requests": args.sim_requests, "notes": wl.notes,
+           "tier_policy": final_hits.policy if final_hits else "lru, write-through, demotion always (closed form)",
            "seconds": time.perf_counter() - t0}
     print_result(console, res, ctx)
     doc = plan_json(res, ctx)

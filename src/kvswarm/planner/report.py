@@ -23,6 +23,10 @@ def _s(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
+def _per_tb(x: float) -> str:
+    return "-" if math.isnan(x) else f"${x:,.0f}/TB"
+
+
 def finalists_table(res: SearchResult) -> Table:
     t = Table(title="Finalists (simulated): best first", show_lines=False)
     for col in ("mix", "hit DRAM/SSD/HDD", "TTFT mean", "TTFT p90", "decode I/O", "GPUs", "KV tier $", "$/TB",
@@ -60,7 +64,7 @@ def print_result(console: Console, res: SearchResult, context: dict) -> None:
                   f"sparse decode I/O per step {_s(r.decode_io_s)}\n"
                   f"  capacity {r.mix.dram_bytes / 1e12 + r.mix.ssd_bytes / 1e12 + r.mix.hdd_bytes / 1e12:.1f} TB "
                   f"(95% of ideal hit rate needs {context['capacity_95_tb']:.1f} TB); KV tier "
-                  f"${r.storage_capex_usd:,.0f} (${r.cost_per_tb_usd:,.0f}/TB), ${r.cost_per_mtok_usd:.4f} per "
+                  f"${r.storage_capex_usd:,.0f} ({_per_tb(r.cost_per_tb_usd)}), ${r.cost_per_mtok_usd:.4f} per "
                   f"million tokens incl. prefill GPUs, {r.watts / 1e3:.1f} kW\n"
                   f"  busy: {u}; sustains up to {r.max_rate_rps:.2f} req/s ({r.tokens_per_s:,.0f} tokens/s)")
     for p, why in res.runners_up:
@@ -116,7 +120,13 @@ def plot_pareto(res: SearchResult, path: str | Path, title: str) -> None:
     ax.plot([p.cost_per_mtok_usd for p in f], [p.ttft_mean_s for p in f], "o-", c="tab:blue", ms=4,
             label="Pareto front (closed form)")
     ax.scatter([p.cost_per_mtok_usd for p in res.finalists], [p.ttft_mean_s for p in res.finalists], marker="s",
-               c="tab:orange", label="finalists (simulated)", zorder=3)
+               c="tab:orange", label="finalists (simulated: queueing, writes)", zorder=3)
+    closed = {p.mix: p for p in res.screened}
+    for p in res.finalists:  # from each finalist's closed-form point to its simulated one
+        c = closed.get(p.mix)
+        if c is not None:
+            ax.plot([c.cost_per_mtok_usd, p.cost_per_mtok_usd], [c.ttft_mean_s, p.ttft_mean_s], ":", c="tab:orange",
+                    lw=1)
     if res.recommended:
         r = res.recommended
         ax.scatter([r.cost_per_mtok_usd], [r.ttft_mean_s], marker="*", s=220, c="tab:red", zorder=4,

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from kvswarm.planner.report import console as make_console
 from rich.table import Table
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}")
         return 2
 
 

@@ -5,7 +5,8 @@
 2. Drive model: one emulated drive (kvswarm.testbed: a loop device capped by the blkio
    throttle, or the user-space model where the kernel cannot) is measured through the real
    KVStore: 1 MiB reads (bandwidth), 4 KiB reads in batches (IOPS), single 4 KiB reads
-   (latency).  Bandwidth and IOPS are fitted so the simulator reproduces those runs.
+   (latency).  Bandwidth and IOPS are fitted so the simulator, whose paced drive follows
+   the throttle's slice accounting, reproduces those runs.
    ``--calibration BENCH_JSON`` takes bandwidth and IOPS from `kvswarm bench io --json`
    results instead (run on the same kind of drive).
 3. Validation: for each configuration (by default 1, 2 and 4 drives with 256 KiB objects,
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 from kvswarm.planner.report import console as make_console
 from rich.table import Table
@@ -141,28 +143,26 @@ def _engine_depth(store) -> int:
 @dataclass
 class Workload:
     """A data set and a stream of batched random gets over it; the first ``warmup`` batches are run
-    but not timed (the kernel throttle lets a fresh group burst ahead of its rate for about one
-    100 ms slice; steady state is what a drive model describes)."""
+    but not timed (they use up the allowance of the throttle's first slice, and warm the engine)."""
 
     items: list[tuple[bytes, int]]  # (key, payload bytes), in write order
     stream: list[Request]
     warmup: int = 0
-    think_s: float = 0.0  # idle time after each batch
 
 
 def make_workload(prefix: str, n_drives: int, extent_kib: int, per_drive: int, batch_per_drive: int,
                   batches: int, rng: random.Random, single: bool = False, caps=None) -> Workload:
     """``batches`` timed batches of ``batch_per_drive`` x ``n_drives`` random keys, after enough warm-up
-    batches to use up a throttle burst (0.25 s of each drive's caps)."""
+    batches (0.25 s at the drives' caps)."""
     payload = extent_kib * KiB - HEADER_SIZE
     n_obj = max(per_drive * n_drives, batch_per_drive * n_drives * 2)
     keys = [f"{prefix}/{i}".encode() for i in range(n_obj)]
     k = 1 if single else batch_per_drive * n_drives
     warm = 0
     if caps is not None and not single:
-        per_drive_batch = k / n_drives
-        warm = max(2, math.ceil(max(0.25 * caps.read_mbps * 1e6 / (per_drive_batch * extent_kib * KiB),
-                                    0.25 * caps.read_iops / per_drive_batch)))
+        per_drive = k / n_drives
+        batch_s = max(per_drive * extent_kib * KiB / (caps.read_mbps * 1e6), per_drive / caps.read_iops)
+        warm = max(2, math.ceil(0.25 / batch_s))
     stream = [Request("get", tuple(rng.sample(keys, k))) for _ in range(warm + batches)]
     return Workload([(key, payload) for key in keys], stream, warm)
 
@@ -178,7 +178,7 @@ def run_measured(tb, wl: Workload, backend: str, placement: str) -> tuple[dict, 
         store.flush()
         if wl.warmup:
             measure(store, wl.stream[:wl.warmup])
-        m = measure(store, wl.stream[wl.warmup:], think_s=wl.think_s)
+        m = measure(store, wl.stream[wl.warmup:])
         return m, _engine_depth(store)
     finally:
         store.close()
@@ -189,36 +189,34 @@ def simulate(model: SystemModel, wl: Workload) -> dict:
     sim.preload(wl.items)
     if wl.warmup:
         replay(sim, wl.stream[:wl.warmup])
-    return replay(sim, wl.stream[wl.warmup:], think_s=wl.think_s)
+    return replay(sim, wl.stream[wl.warmup:])
 
 
-def _fit(lo: float, hi: float, target: float, predict, geometric: bool = True, iters: int = 22) -> float:
-    """Bisection for x in [lo, hi] with predict(x) == target, predict increasing in x."""
+def _fit(lo: float, hi: float, target: float, predict, iters: int = 16) -> float:
+    """Geometric bisection for x in [lo, hi] with predict(x) == target, predict increasing in x."""
     for _ in range(iters):
-        mid = math.sqrt(lo * hi) if geometric else (lo + hi) / 2
+        mid = math.sqrt(lo * hi)
         if predict(mid) < target:
             lo = mid
         else:
             hi = mid
-    return math.sqrt(lo * hi) if geometric else (lo + hi) / 2
+    return math.sqrt(lo * hi)
 
 
 def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: random.Random,
               console: Console) -> tuple[DriveModel, dict]:
     """Fit a paced drive model to measured runs on one emulated drive (or to bench io results).
 
-    Rates come from back-to-back batches (1 MiB: bytes/s; 4 KiB: ops/s); burst tolerances
-    from the same with idle gaps between batches (budget saved while idle shortens the
-    next batch); latency from single 4 KiB reads.  Rates and bursts are fitted in turn,
-    twice, each by bisection on the simulator's prediction of the measured run.
+    Rates come from back-to-back batches (1 MiB: bytes/s; 4 KiB: ops/s), each fitted by
+    bisection on the simulator's prediction of the measured run; the throttle's slice is
+    the kernel's constant for the loop device's (rotational) queue; latency comes from
+    single 4 KiB reads.
     """
     quick = args.quick
     n = 6 if quick else 12
     runs = {
         "bandwidth": make_workload("cal-bw", 1, 1024, 32, 8, n, rng, caps=caps),
         "iops": make_workload("cal-iops", 1, 4, 256, 64, n, rng, caps=caps),
-        "bandwidth_gaps": replace(make_workload("cal-bwg", 1, 1024, 32, 4, n, rng, caps=caps), think_s=0.02),
-        "iops_gaps": replace(make_workload("cal-iopsg", 1, 4, 256, 32, n, rng, caps=caps), think_s=0.008),
         "latency": make_workload("cal-lat", 1, 4, 64, 1, 30 if quick else 80, rng, single=True),
     }
     measured = {}
@@ -226,14 +224,14 @@ def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: r
         for name, wl in runs.items():
             measured[name], depth = run_measured(tb, wl, args.backend, args.placement)
     cap = tb.drive_bytes
-    lat = measured["latency"]["mean_io_time_s"] - cost.cpu_per_op - cost.cpu_per_byte * (4 * KiB - HEADER_SIZE) \
+    lat = measured["latency"]["median_io_time_s"] - cost.cpu_per_op - cost.cpu_per_byte * (4 * KiB - HEADER_SIZE) \
         - 4 * KiB / _disk_link().bandwidth
     model = DriveModel("emulated", caps.read_mbps * 1e6, caps.write_mbps * 1e6, caps.read_iops, caps.write_iops,
                        max(lat, 1e-6), 0.0, queue_depth=128, paced=True)
 
-    def predict(field: str, run: str, metric: str, sign: float = 1.0):
-        return lambda x: sign * simulate(_system(replace(model, **{field: x}), 1, cost, depth, cap, args.placement,
-                                                 args.backend), runs[run])[metric]
+    def predict(field: str, run: str):
+        return lambda x: simulate(_system(replace(model, **{field: x}), 1, cost, depth, cap, args.placement,
+                                          args.backend), runs[run])["throughput_Bps"]
 
     source = "measured through the store on one emulated drive"
     if args.calibration:
@@ -243,22 +241,14 @@ def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: r
         nd = int(doc.get("drives", {}).get("drives", 1)) or 1
         s = doc["summary"]
         model = replace(model, read_bw=s["raw_gbps_1m"] * 1e9 / nd, read_iops=s["raw_iops_4k"] / nd)
-        source = f"rates from {args.calibration} ({nd} drive(s)); bursts and latency measured"
-    for _ in range(2):
-        if not args.calibration:
-            t = measured["bandwidth"]["throughput_Bps"]
-            model = replace(model, read_bw=_fit(t / 4, t * 4, t, predict("read_bw", "bandwidth", "throughput_Bps")))
-            t = measured["iops"]["throughput_Bps"]
-            model = replace(model, read_iops=_fit(caps.read_iops / 8, caps.read_iops * 8, t,
-                                                  predict("read_iops", "iops", "throughput_Bps")))
-        # A deeper bucket shortens the batches after a gap: fit -time, increasing in the burst.
-        for field, run in (("burst_s", "bandwidth_gaps"), ("burst_ops_s", "iops_gaps")):
-            t = -measured[run]["mean_io_time_s"]
-            fit = predict(field, run, "mean_io_time_s", -1.0)
-            model = replace(model, **{field: 0.0 if fit(0.0) >= t else _fit(0.0, 0.25, t, fit, geometric=False)})
+        source = f"rates from {args.calibration} ({nd} drive(s)); latency measured"
+    else:
+        t = measured["bandwidth"]["throughput_Bps"]
+        model = replace(model, read_bw=_fit(t / 4, t * 4, t, predict("read_bw", "bandwidth")))
+        t = measured["iops"]["throughput_Bps"]
+        model = replace(model, read_iops=_fit(caps.read_iops / 8, caps.read_iops * 8, t, predict("read_iops", "iops")))
     info = {"source": source, "read_bw_MBps": model.read_bw / 1e6, "read_iops": model.read_iops,
-            "read_latency_us": model.read_latency * 1e6, "burst_ms": model.burst_s * 1e3,
-            "burst_ops_ms": model.burst_ops_s * 1e3, "engine_depth": depth,
+            "read_latency_us": model.read_latency * 1e6, "slice_ms": model.slice_s * 1e3, "engine_depth": depth,
             "cpu_per_op_us": cost.cpu_per_op * 1e6, "cpu_per_byte_ns": cost.cpu_per_byte * 1e9,
             "measured": measured}
     return model, info | {"_depth": depth, "_capacity": cap}
@@ -269,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError, RuntimeError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+        console.print(f"[bold red]error:[/] {escape(str(e))}")
         return 2
 
 
@@ -328,8 +318,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                           f"{r['error'][k]:.1%}")
     console.print(f"emulation: {emulation}")
     console.print(f"drive model ({cal['source']}): {cal['read_bw_MBps']:.1f} MB/s, {cal['read_iops']:.0f} IOPS, "
-                  f"{cal['read_latency_us']:.0f} us latency, bursts {cal['burst_ms']:.0f} ms (bytes) / "
-                  f"{cal['burst_ops_ms']:.0f} ms (ops); host {cal['cpu_per_op_us']:.1f} us/op + "
+                  f"{cal['read_latency_us']:.0f} us latency, throttle slice {cal['slice_ms']:.0f} ms; host {cal['cpu_per_op_us']:.1f} us/op + "
                   f"{cal['cpu_per_byte_ns']:.3f} ns/B; engine depth {depth} per drive")
     console.print(t)
     target = [r["error"][k] for r in results for k in TARGET_METRICS if k in r["error"]]

@@ -9,12 +9,12 @@ curves (latency at queue depth 1, IOPS-bound small I/O, bandwidth-bound large I/
    HDD ``positioning + bytes / bandwidth`` where positioning (seek + rotation, taken as
    ``1 / iops``) is skipped when the op starts where the previous one ended (sequential).
 
-A *paced* drive is a rate limiter instead (the kernel's blkio throttle, a token bucket):
-an op waits until the drive's budget covers it, then takes only the fixed latency; its
-own transfer time is charged to the ops after it, and up to ``burst_s`` (bytes) and
-``burst_ops_s`` (ops) of budget left unused while idle can be spent later: two generic
-cell rate algorithms, as the kernel checks the bps and IOPS limits apart.  Emulated
-drives are paced.
+A *paced* drive is a rate limiter instead, the Linux blkio throttle that caps emulated
+drives: an op is dispatched once the budget allows it, then takes only the fixed latency.
+The budget follows the kernel's slices (block/blk-throttle.c): a slice starts when an
+idle group gets I/O, the allowance is rate x the time since the slice start rounded *up*
+to whole ``slice_s`` windows (so each window's budget is granted at its start), bytes
+and ops are checked apart, and whole elapsed windows are trimmed off as ops dispatch.
 
 A link is one serial stage of ``max(bytes / bandwidth, ops / iops)`` plus a fixed
 latency: the host's PCIe uplink to the drives, a DRAM memcpy, the PCIe link to the GPU,
@@ -23,6 +23,7 @@ or, when validating on emulated drives, the one physical disk they all share.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import simpy
@@ -45,8 +46,7 @@ class DriveModel:
     queue_depth: int = 64
     kind: str = "ssd"  # "ssd" or "hdd"
     paced: bool = False  # rate-limited (blkio throttle) rather than a serial transfer stage
-    burst_s: float = 0.0  # paced drives: how far ahead of its byte rate the drive may run (bucket depth)
-    burst_ops_s: float = 0.0  # paced drives: the same for its op rate (the kernel checks bps and IOPS apart)
+    slice_s: float = 0.1  # paced drives: the throttle's slice (the kernel's default for rotational queues)
 
     def __post_init__(self) -> None:
         if self.kind not in ("ssd", "hdd"):
@@ -59,8 +59,8 @@ class DriveModel:
                 raise ValueError(f"drive model {self.name!r}: {f} must be >= 0, got {getattr(self, f)}")
         if self.queue_depth < 1:
             raise ValueError(f"drive model {self.name!r}: queue_depth must be >= 1")
-        if self.burst_s < 0 or self.burst_ops_s < 0:
-            raise ValueError(f"drive model {self.name!r}: burst_s and burst_ops_s must be >= 0")
+        if self.slice_s <= 0:
+            raise ValueError(f"drive model {self.name!r}: slice_s must be > 0")
 
     def scaled(self, **changes: float) -> DriveModel:
         return replace(self, **changes)
@@ -132,7 +132,8 @@ class SimDrive:
         self.bytes = [0, 0]
         self.ops = [0, 0]
         self._head = -1  # end offset of the last op: HDD sequential detection
-        self._budget = [[0.0, 0.0], [0.0, 0.0]]  # paced: [read, write] x [bytes, ops] theoretical arrival times
+        self._slice = [[-1.0, -1.0, 0.0, 0.0, -1.0], [-1.0, -1.0, 0.0, 0.0, -1.0]]  # paced, per direction:
+        # slice start, slice end, bytes and ops dispatched in it, last dispatch time
 
     def serve(self, nbytes: int, nops: int, write: bool, offset: int = -1, seeks: int | None = None):
         """simpy process: ``nops`` ops of ``nbytes`` in all, served as one; they lie in ``seeks``
@@ -142,13 +143,7 @@ class SimDrive:
             yield slot
             fixed = m.fixed_latency(write)
             if m.paced:
-                tb = nbytes / (m.write_bw if write else m.read_bw)
-                to = nops / (m.write_iops if write else m.read_iops)
-                now, tat = self.env.now, self._budget[write]
-                start = max(now, tat[0] - m.burst_s, tat[1] - m.burst_ops_s)
-                tat[0] = max(tat[0], start) + tb
-                tat[1] = max(tat[1], start) + to
-                self.busy += max(tb, to)
+                start = self._throttle(nbytes, nops, write)
                 yield self.env.timeout(start - self.env.now + fixed)
             else:
                 if fixed:
@@ -164,6 +159,27 @@ class SimDrive:
                     yield self.env.timeout(t)
         self.bytes[write] += nbytes
         self.ops[write] += nops
+
+    def _throttle(self, nbytes: int, nops: int, write: bool) -> float:
+        """Dispatch time of an op under the blkio throttle's slice accounting (see the module doc)."""
+        m, now, st = self.model, self.env.now, self._slice[write]
+        bw, iops, S = (m.write_bw, m.write_iops, m.slice_s) if write else (m.read_bw, m.read_iops, m.slice_s)
+        if now > st[1] and st[4] <= now:  # slice over and nothing queued: a fresh slice
+            st[:4] = [now, now + S, 0.0, 0.0]
+        # Earliest t with rate x roundup(t - start, S) covering what was dispatched plus this op.
+        windows = max(math.ceil((st[2] + nbytes) / (bw * S) - 1e-9), math.ceil((st[3] + nops) / (iops * S) - 1e-9))
+        t = max(now, st[0] + (windows - 1) * S)
+        st[2] += nbytes
+        st[3] += nops
+        st[1] = max(st[1], t + S)
+        st[4] = t
+        n = math.floor((t - st[0]) / S)  # trim whole windows that have passed
+        if n > 0:
+            st[0] += n * S
+            st[2] = max(0.0, st[2] - bw * S * n)
+            st[3] = max(0.0, st[3] - iops * S * n)
+        self.busy += max(nbytes / bw, nops / iops)
+        return t
 
 
 class SimLink:

@@ -48,18 +48,17 @@ def summarise(records: Sequence[BatchRecord], elapsed: float, op_latencies: Sequ
         "elapsed_s": elapsed,
         "throughput_Bps": nbytes / elapsed if elapsed > 0 else 0.0,
         "mean_io_time_s": float(secs.mean()),
+        "median_io_time_s": float(np.median(secs)),
         "p99_io_time_s": float(np.quantile(secs, 0.99)),
         "mean_op_latency_s": float(np.mean(op_latencies)) if len(op_latencies) else float("nan"),
     }
 
 
-def replay(store: SimStore, stream: Iterable[Request], concurrency: int = 1, to_gpu: bool = False,
-           think_s: float = 0.0) -> dict:
+def replay(store: SimStore, stream: Iterable[Request], concurrency: int = 1, to_gpu: bool = False) -> dict:
     """Run ``stream`` on the simulator and summarise it.
 
     Requests with an arrival time ``at`` are issued then (open loop); the others are
-    issued by ``concurrency`` closed-loop clients, each waiting for its previous batch
-    and then ``think_s`` seconds.
+    issued by ``concurrency`` closed-loop clients, each waiting for its previous batch.
     """
     env = store.env
     timed, queued = [], []
@@ -83,8 +82,6 @@ def replay(store: SimStore, stream: Iterable[Request], concurrency: int = 1, to_
     def client():
         for r in it:
             yield from issue(r)
-            if think_s:
-                yield env.timeout(think_s)
 
     procs = [env.process(arrival(r)) for r in timed]
     procs += [env.process(client()) for _ in range(max(1, concurrency) if queued else 0)]
@@ -92,9 +89,8 @@ def replay(store: SimStore, stream: Iterable[Request], concurrency: int = 1, to_
     return summarise(store.records[first:], env.now - t0, store.op_latencies[lat0:])
 
 
-def measure(kvstore, stream: Iterable[Request], concurrency: int = 1, think_s: float = 0.0) -> dict:
-    """Run ``stream`` on a real :class:`~kvswarm.store.KVStore` with ``concurrency`` batches in flight,
-    pausing ``think_s`` seconds after each batch completes.
+def measure(kvstore, stream: Iterable[Request], concurrency: int = 1) -> dict:
+    """Run ``stream`` on a real :class:`~kvswarm.store.KVStore` with ``concurrency`` batches in flight.
 
     Puts write zero-filled payloads of the given sizes; every get is verified by the
     store (checksums), and a miss is counted, never hidden.
@@ -107,8 +103,6 @@ def measure(kvstore, stream: Iterable[Request], concurrency: int = 1, think_s: f
     def finish(h, r: Request, t: float) -> None:
         res = h.wait()
         end = time.perf_counter()
-        if think_s:
-            time.sleep(think_s)
         if r.op == "get":
             hits = sum(v is not None for v in res.views)
             res.release()

@@ -250,10 +250,18 @@ class SimStore:
         t0 = self.env.now
         with self.engine[drive].request() as slot:
             yield slot
-            if write and self.host_link:
+            serve = self.drives[drive].serve(nbytes, nops, write, offset, seeks)
+            if self.host_link is None:
+                yield from serve
+            elif self.model.coalesce:
+                # A merged op is many extents: they stream through the link while the drive works.
+                env = self.env
+                yield env.all_of([env.process(serve), env.process(self.host_link.transfer(nbytes, nops))])
+            elif write:
                 yield from self.host_link.transfer(nbytes, nops)
-            yield from self.drives[drive].serve(nbytes, nops, write, offset, seeks)
-            if not write and self.host_link:
+                yield from serve
+            else:
+                yield from serve
                 yield from self.host_link.transfer(nbytes, nops)
         if record:
             self.op_latencies.append(self.env.now - t0)
