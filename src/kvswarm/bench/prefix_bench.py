@@ -8,7 +8,9 @@
    machine; hit rates do not depend on the payload size.  Capacities are fractions of the
    replayed window's distinct blocks.  Side by side at each SSD size: plain LRU on one
    drive (the baseline) and kvswarm's tiers (DRAM = SSD/10, SSD pool striped over
-   ``--ssd-drives``, capacity pool = 3 x SSD), through the same TierManager code path.
+   ``--ssd-drives``, capacity pool = 3 x SSD), through the same TierManager code path;
+   the full run adds plain LRU on one drive as large as all three tiers together, and
+   policy variants at one size.
    Requests are replayed in timestamp order as fast as possible with ``wait_complete``
    prefetch (no compute time is simulated, so no block can be late).  Drives are
    directories under ``--dir``.  The ideal (infinite cache) hit rate of the replayed
@@ -25,6 +27,7 @@
    first token's logits, including lookup, reads, cache rebuild and the prefill of the
    rest of the prompt; prefetch waits for every block (``wait_complete``), so each case
    is served wholly by its tier.  Each hit's first token is checked against recompute's.
+   Recompute is timed once in ``--quick`` (it takes a minute), hit cases three times.
    One torch thread by default (``--threads``): on a shared machine, OpenMP threads that
    spin while other processes hold the cores make multi-threaded timings meaningless.
 
@@ -40,6 +43,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -73,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssd-drives", type=int, default=4, help="drives in the SSD pool")
     p.add_argument("--capacity-drives", type=int, default=2, help="drives in the capacity pool")
     p.add_argument("--prefix-tokens", type=int, default=4096, help="shared real-text prefix for the TTFT part")
-    p.add_argument("--repeats", type=int, default=None, help="TTFT samples per case (default 3; quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="TTFT samples per case (default 3; quick: recompute once)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the TTFT part (default 1: on a shared box, OpenMP threads that spin "
                         "while other processes hold the cores make multi-threaded timings meaningless)")
@@ -216,6 +220,9 @@ def trace_part(args, root: Path, console, compute: ComputeModel | None) -> dict:
         setups.append(Setup(f"lru-1drive@{f:g}", "lru-1drive", f, 0, ssd, 1, 0, 0))
         setups.append(Setup(f"kvswarm@{f:g}", "kvswarm", f, ssd // 10, ssd, args.ssd_drives, 3 * ssd,
                             args.capacity_drives, "lru", "write-through", demotion))
+        if not args.quick:  # one drive as large as all three tiers together
+            setups.append(Setup(f"lru-1drive-total@{f:g}", "lru-1drive-total", f, 0, ssd + ssd // 10 + 3 * ssd,
+                                1, 0, 0))
     if not args.quick:  # policy variants at one size, same code path
         f = 0.1 if 0.1 in sizes else sizes[len(sizes) // 2]
         ssd = int(distinct * f)
@@ -275,7 +282,8 @@ def ttft_part(args, root: Path, console) -> tuple[dict, ComputeModel]:
     from kvswarm.model import load_default_model
 
     torch.set_num_threads(args.threads)
-    repeats = args.repeats or (1 if args.quick else 3)
+    repeats = args.repeats or 3  # hit cases: seconds each
+    recompute_repeats = args.repeats or (1 if args.quick else 3)  # a minute each on this CPU
     lm = load_default_model()
     tok, lay = lm.tokenizer, lm.layout
     prefix = list(make_document(tok, args.prefix_tokens, seed=0, source="pydoc").prompt_ids)
@@ -286,7 +294,7 @@ def ttft_part(args, root: Path, console) -> tuple[dict, ComputeModel]:
     _time_prefill(lm.model, prompt[:64])  # warm-up (kernel selection, allocator)
     t512, _ = _time_prefill(lm.model, prefix[:512])
     recompute = []
-    for _ in range(repeats):
+    for _ in range(recompute_repeats):
         t, (first_ref, cache) = _time_prefill(lm.model, prompt)
         recompute.append(t)
     compute = ComputeModel.fit([(512, t512), (len(prompt), statistics.median(recompute))])
@@ -298,7 +306,7 @@ def ttft_part(args, root: Path, console) -> tuple[dict, ComputeModel]:
     per_cap = _drive_bytes(nblocks * 2, args.capacity_drives, block_disk_bytes(block, 1 << 20))
     out: dict = {"model": lm.model_id, "dtype": lay.dtype, "threads": torch.get_num_threads(),
                  "prefix_tokens": len(prefix), "question_tokens": len(question), "kv_bytes": kv_bytes,
-                 "blocks": nblocks, "block_bytes": block, "repeats": repeats,
+                 "blocks": nblocks, "block_bytes": block, "repeats": repeats, "recompute_repeats": recompute_repeats,
                  "compute_model": {"a_s_per_token": compute.a, "b_s_per_token2": compute.b}}
     cases: dict[str, dict] = {"recompute": {"ttft_s": recompute, "served_from": "prefill of the whole prompt"}}
     with capacity_drives(root, args.capacity_drives, per_cap) as (cap_kw, cap_desc):
@@ -316,17 +324,20 @@ def ttft_part(args, root: Path, console) -> tuple[dict, ComputeModel]:
         tm.flush()
         keys = pc.reusable_keys(prompt)
 
-        def measure(name: str, prepare) -> None:
-            samples, tiers, ok, reused = [], set(), True, 0
-            for _ in range(repeats):
+        def measure(name: str, prepare, policy: PrefetchPolicy | None = None, n: int = repeats) -> None:
+            samples, parts, tiers, ok, reused = [], [], set(), True, 0
+            for _ in range(n):
                 prepare()
-                g = pc.generate(prompt, 1, store=False)
+                g = pc.generate(prompt, 1, store=False, policy=policy)
                 samples.append(g.ttft_s)
+                parts.append((g.load_s, g.restore_s, g.prefill_s))
                 tiers |= {t.name.lower() for t in g.hit_tiers}
                 ok &= g.tokens[0] == first_ref
                 reused = g.reused_tokens
+            best = min(range(n), key=lambda i: samples[i])  # breakdown of the fastest sample
             cases[name] = {"ttft_s": samples, "served_from": "+".join(sorted(tiers)) or "miss",
-                           "reused_tokens": reused, "first_token_matches_recompute": ok}
+                           "reused_tokens": reused, "first_token_matches_recompute": ok,
+                           "load_s": parts[best][0], "restore_s": parts[best][1], "prefill_s": parts[best][2]}
 
         def to_capacity() -> None:
             tm.clear_dram()
@@ -335,7 +346,12 @@ def ttft_part(args, root: Path, console) -> tuple[dict, ComputeModel]:
         measure("dram", lambda: None)
         measure("ssd", tm.clear_dram)
         measure("capacity", to_capacity)
-        tm.clear_dram()  # the capacity hit was promoted (and written through to SSD): back to SSD only
+        if not args.quick:  # a deadline shorter than the capacity pool needs: late blocks are recomputed
+            deadline = cases["capacity"]["load_s"] / 2
+            measure(f"capacity_timeout_{deadline * 1e3:.0f}ms", to_capacity, PrefetchPolicy("timeout", deadline), 1)
+        with tm.lookup(keys, PrefetchPolicy("wait_complete")):
+            pass  # promote every block (a capacity hit is written through to the SSD pool too)...
+        tm.clear_dram()  # ...then leave them on the SSD pool only
         tm.close()
         t0 = time.perf_counter()
         tm = TierManager(cfg)
@@ -388,11 +404,13 @@ def print_tables(results: dict, console) -> None:
     if tt:
         t = Table(title=f"TTFT, {tt['model']} ({tt['dtype']}, {tt['threads']} threads), "
                         f"{tt['prefix_tokens']}-token shared prefix ({tt['kv_bytes'] / 1e6:.0f} MB of KV)")
-        for c in ("case", "served from", "reused tokens", "TTFT (median)", "speedup vs recompute",
-                  "same first token"):
+        for c in ("case", "served from", "reused tokens", "TTFT (median)", "load / restore / prefill (best)",
+                  "speedup vs recompute", "same first token"):
             t.add_column(c, justify="left" if c in ("case", "served from") else "right")
         for name, c in tt["cases"].items():
-            t.add_row(name, c["served_from"], str(c.get("reused_tokens", 0)), f"{c['median_s'] * 1e3:.0f} ms",
+            parts = "-" if name == "recompute" else \
+                " / ".join(f"{c[k] * 1e3:.0f}" for k in ("load_s", "restore_s", "prefill_s")) + " ms"
+            t.add_row(name, c["served_from"], str(c.get("reused_tokens", 0)), f"{c['median_s'] * 1e3:.0f} ms", parts,
                       f"{c['speedup_vs_recompute']:.1f}x", "-" if name == "recompute" else
                       ("yes" if c["first_token_matches_recompute"] else "NO"))
         console.print(t)
@@ -410,11 +428,14 @@ def plot(results: dict, stem: str) -> list[str]:
     tr = results.get("trace")
     if tr:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for fam, style in (("lru-1drive", "o--"), ("kvswarm", "s-")):
+        labels = {"lru-1drive": "plain LRU, one drive of the SSD size",
+                  "lru-1drive-total": "plain LRU, one drive as large as all kvswarm tiers",
+                  "kvswarm": "kvswarm: DRAM (SSD/10) + SSD pool + capacity pool (3x SSD)"}
+        for fam, style in (("lru-1drive", "o--"), ("lru-1drive-total", "^:"), ("kvswarm", "s-")):
             rs = sorted((r for r in tr["runs"] if r["family"] == fam), key=lambda r: r["fraction"])
-            ax.plot([r["fraction"] * 100 for r in rs], [r["hit_rate"]["total"] * 100 for r in rs], style,
-                    label="plain LRU, one drive" if fam == "lru-1drive" else
-                    "kvswarm: DRAM (SSD/10) + SSD pool + capacity pool (3x SSD)")
+            if rs:
+                ax.plot([r["fraction"] * 100 for r in rs], [r["hit_rate"]["total"] * 100 for r in rs], style,
+                        label=labels[fam])
         ax.axhline(tr["ideal_hit_rate"] * 100, color="gray", ls=":", label=f"ideal {tr['ideal_hit_rate']:.1%}")
         ax.set_xlabel("SSD capacity (% of distinct blocks)")
         ax.set_ylabel("block hit rate (%)")
@@ -436,6 +457,7 @@ def plot(results: dict, stem: str) -> list[str]:
             ax.annotate(f"{tt['cases'][n]['speedup_vs_recompute']:.1f}x", (b.get_x() + b.get_width() / 2,
                         b.get_height()), ha="center", va="bottom", fontsize=9)
         ax.set_yscale("log")
+        ax.set_ylim(bottom=10)
         ax.set_ylabel("TTFT (ms, median)")
         ax.set_title(f"SmolLM2 TTFT with a {tt['prefix_tokens']}-token cached prefix")
         fig.tight_layout()
@@ -475,10 +497,11 @@ def summarize(results: dict) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)
     root = Path(tempfile.mkdtemp(prefix="kvswarm-prefix-", dir=args.dir))
     results: dict = {"command": "kvswarm bench prefix" + (" --quick" if args.quick else ""),
-                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "scratch": str(root)}
+                     "date": time.strftime("%Y-%m-%d %H:%M:%S"), "scratch": str(root),
+                     "cpus": os.cpu_count(), "load_avg_start": os.getloadavg()}
     try:
         compute = None
         if not args.skip_ttft:
@@ -487,10 +510,13 @@ def run(args: argparse.Namespace) -> int:
             results["trace"] = trace_part(args, root, console, compute)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    results["load_avg_end"] = os.getloadavg()  # other work on the machine skews timings: say how much
     results["summary"] = summarize(results)
     print_tables(results, console)
     for k, v in results["summary"].items():
         console.print(f"  {k}: {v:.4g}")
+    console.print(f"load average (1/5/15 min) at start {results['load_avg_start']}, end {results['load_avg_end']} "
+                  f"on {results['cpus']} CPUs")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
         with open(args.json, "w") as f:

@@ -30,6 +30,7 @@ from kvswarm.errors import LayoutMismatch
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import HEADER_BYTES, PrefixKeyer, matches, new_block
 from kvswarm.tiers.manager import Prefetch, PrefixHit, TierManager
+from kvswarm.tiers.prefetch import PrefetchPolicy
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +48,10 @@ class Generation:
     tokens: list[int]  # generated token ids (greedy)
     prompt_tokens: int
     reused_tokens: int  # prompt tokens whose KV came from kvswarm
-    ttft_s: float  # from the call to the first token's logits
+    ttft_s: float  # from the call (or ``arrival``) to the first token's logits, the sum of:
+    load_s: float  # waiting for the cached prefix's reads (lookup included)
+    restore_s: float  # rebuilding the DynamicCache from the blocks
+    prefill_s: float  # the forward pass over the rest of the prompt
     first_logits: torch.Tensor
     hit_tiers: list  # the tier each reused block was served from
 
@@ -73,9 +77,10 @@ class PrefixCache:
         """Keys of the blocks a prompt may reuse: full blocks, leaving at least one token to compute."""
         return self.keyer.block_keys(token_ids, max_blocks=(len(token_ids) - 1) // self.block_tokens)
 
-    def prefetch(self, token_ids: Sequence[int], arrival: float | None = None) -> Prefetch:
+    def prefetch(self, token_ids: Sequence[int], arrival: float | None = None,
+                 policy: PrefetchPolicy | None = None) -> Prefetch:
         """Start reading the prompt's cached prefix now (call as soon as the prompt is known)."""
-        return self.tiers.prefetch(self.reusable_keys(token_ids), arrival)
+        return self.tiers.prefetch(self.reusable_keys(token_ids), arrival, policy)
 
     def restore(self, hit: PrefixHit) -> tuple[DynamicCache | None, int]:
         """A DynamicCache holding the hit's blocks, and the number of tokens it covers."""
@@ -126,19 +131,25 @@ class PrefixCache:
 
     # ---- inference -------------------------------------------------------------------------
     def generate(self, token_ids: Sequence[int], max_new_tokens: int = 32, eos_token_id: int | None = None,
-                 store: bool = True, prefetched: Prefetch | None = None, arrival: float | None = None) -> Generation:
-        """Greedy generation reusing the prompt's cached prefix; stores the new blocks afterwards."""
+                 store: bool = True, prefetched: Prefetch | None = None, arrival: float | None = None,
+                 policy: PrefetchPolicy | None = None) -> Generation:
+        """Greedy generation reusing the prompt's cached prefix; stores the new blocks afterwards.
+
+        Pass ``prefetched`` (and its ``arrival``) when the prefetch was started earlier.
+        """
         import torch
 
         t0 = time.perf_counter() if arrival is None else arrival
-        pf = prefetched or self.prefetch(token_ids, t0)
+        pf = prefetched or self.prefetch(token_ids, t0, policy)
         hit = pf.result()
+        t1 = time.perf_counter()
         with torch.inference_mode():
             cache, reused = self.restore(hit)
+            t2 = time.perf_counter()
             ids = torch.tensor([list(token_ids[reused:])], dtype=torch.long)
             out = self.model(input_ids=ids, cache=cache, use_cache=True)
             logits = out.logits[0, -1].clone()
-            ttft = time.perf_counter() - t0
+            t3 = time.perf_counter()
             tiers = list(hit.tiers[:reused // self.block_tokens])
             hit.release()  # promotion to DRAM happens after the first token, off its critical path
             cache = out.cache
@@ -149,7 +160,7 @@ class PrefixCache:
                 tokens.append(int(out.logits[0, -1].argmax()))
         if store:
             self.save(list(token_ids) + tokens, cache, skip_blocks=reused // self.block_tokens)
-        return Generation(tokens, len(token_ids), reused, ttft, logits, tiers)
+        return Generation(tokens, len(token_ids), reused, t3 - t0, t1 - t0, t2 - t1, t3 - t2, logits, tiers)
 
 
 class ChatSession:
