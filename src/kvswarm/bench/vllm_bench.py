@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restore-mib", type=int, default=None, help="MiB restored per block size")
     p.add_argument("--lookup-blocks", type=int, default=None, help="blocks looked up after a restart")
     p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
+    p.add_argument("--rounds", type=int, default=None, help="measurement rounds, best kept (default 3, 5)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
 
 
@@ -60,19 +62,21 @@ def run(args: argparse.Namespace) -> int:
     quick = args.quick
     sizes = [int(s) * KiB for s in (args.block_sizes or "256,2048").split(",")]
     restore = (args.restore_mib or (256 if quick else 1024)) * MiB
-    lookups = args.lookup_blocks or (8192 if quick else 16384)
+    lookups = args.lookup_blocks or 16384
+    rounds = args.rounds or (3 if quick else 5)
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
-                     "request_blocks": REQUEST_BLOCKS, "one_drive": [], "restart": None, "eight_drives": None}
+                     "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None, "eight_drives": None}
     try:
         for size in sizes:
             console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
-            results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, console))
+            results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, rounds, console))
         console.print(f"[bold]restart: cold lookup of {lookups} blocks[/bold]")
-        results["restart"] = restart_lookup(root, lookups, args.kv_backend, console)
+        results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
         if not args.no_testbed:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
-            results["eight_drives"] = eight_drives(256 * KiB, (128 if quick else 512) * MiB, args.kv_backend, console)
+            results["eight_drives"] = eight_drives(256 * KiB, (128 if quick else 512) * MiB, args.kv_backend, rounds,
+                                                   console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize(results)
@@ -88,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
 def _reexec_in_vllm_venv() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    py = os.path.join(repo, ".venv-vllm", "bin", "python")
-    if not os.path.exists(py) or os.path.realpath(sys.executable) == os.path.realpath(py):
+    venv = os.path.join(repo, ".venv-vllm")
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(venv):
         print("kvswarm bench vllm needs vLLM: run scripts/setup-vllm.sh (it makes .venv-vllm)", file=sys.stderr)
         return 2
     return subprocess.call([py, "-m", "kvswarm.cli", *sys.argv[1:]])
@@ -182,74 +187,117 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
-def tier_run(bench: Bench, config: dict) -> dict:
-    run = bench.open(config)
-    try:
-        store_s = bench.store(run)
+def cpu_time() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class TierCase:
+    """A tier under test: stored once, then measured in rounds interleaved with the others."""
+
+    def __init__(self, bench: Bench, config: dict) -> None:
+        self.bench, self.run = bench, bench.open(config)
+        c0 = cpu_time()
+        self.store_s = bench.store(self.run)
+        self.store_cpu = cpu_time() - c0
+        self.restores: list[tuple[float, float]] = []  # (seconds, cpu seconds)
+        self.singles: list[float] = []
+
+    def measure(self) -> None:
         drop_caches()
-        restore_s = bench.restore(run)
+        c0 = cpu_time()
+        dt = self.bench.restore(self.run)
+        self.restores.append((dt, cpu_time() - c0))
         drop_caches()
-        single_s = bench.single_request(run)
-    finally:
-        run.tier.shutdown()
-    total = bench.nblocks * bench.bs
-    req = REQUEST_BLOCKS * bench.bs
-    return {"store_gbps": total / store_s / 1e9, "restore_gbps": total / restore_s / 1e9,
-            "single_request_ms": single_s * 1e3, "single_request_gbps": req / single_s / 1e9}
+        self.singles.append(self.bench.single_request(self.run))
+
+    def result(self) -> dict:
+        total = self.bench.nblocks * self.bench.bs
+        dt, cpu = min(self.restores)
+        single = min(self.singles)
+        self.run.tier.shutdown()
+        return {"store_gbps": total / self.store_s / 1e9, "store_cpu_s_per_gb": self.store_cpu / (total / 1e9),
+                "restore_gbps": total / dt / 1e9, "restore_cpu_s_per_gb": cpu / (total / 1e9),
+                "restore_gbps_rounds": [total / t / 1e9 for t, _ in self.restores],
+                "single_request_ms": single * 1e3,
+                "single_request_gbps": REQUEST_BLOCKS * self.bench.bs / single / 1e9}
+
+
+def measure_rounds(cases: dict[str, TierCase], rounds: int, extra=None) -> dict:
+    """Run every case once per round, in turn, so drift and neighbours' load hit all alike; best round wins."""
+    for _ in range(rounds):
+        if extra is not None:
+            extra()
+        for c in cases.values():
+            c.measure()
+    return {name: c.result() for name, c in cases.items()}
 
 
 # ---- 1. one drive, same disk ---------------------------------------------------------------
-def raw_ceiling(path: str, size: int, total: int, seconds: float = 3.0) -> dict:
-    """Best O_DIRECT read rate of ``size``-byte blocks from a file on the same disk."""
-    from kvswarm.bench.raw import run_threads, run_uring
-    from kvswarm.io.base import Op
+class RawCeiling:
+    """Best O_DIRECT read rate of ``size``-byte blocks from a file on the same disk: io_uring QD32 or 16
+    threads, in file order or random order, best of rounds."""
 
-    n = max(64, total // size)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, n * size)
-        chunk = os.urandom(MiB)
-        for off in range(0, n * size, MiB):  # real data, not unwritten extents the fs answers with zeros
-            os.pwrite(fd, chunk, off)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    drop_caches()
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    try:
-        ios = [(0, int(o) * size) for o in np.random.default_rng(1).permutation(n)]
-        best = {}
-        for name, fn in (("uring_qd32", lambda: run_uring([fd], ios, size, Op.READ, 32, seconds)),
-                         ("threads_16", lambda: run_threads([fd], ios, size, Op.READ, 16, seconds))):
-            with contextlib.suppress(Exception):
-                best[name] = fn().gbps
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    method = max(best, key=best.get)
-    return {"gbps": best[method], "method": method, "all": best}
+    def __init__(self, path: str, size: int, total: int) -> None:
+        self.path, self.size = path, size
+        self.n = max(64, total // size)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, self.n * size)
+            chunk = os.urandom(MiB)
+            for off in range(0, self.n * size, MiB):  # real data, not unwritten extents answered with zeros
+                os.pwrite(fd, chunk, off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.best: dict[str, float] = {}
+
+    def measure(self) -> None:
+        from kvswarm.bench.raw import run_threads, run_uring
+        from kvswarm.io.base import Op
+
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            orders = {"seq": [(0, i * self.size) for i in range(self.n)],  # the order tiers mostly read in
+                      "random": [(0, int(o) * self.size) for o in np.random.default_rng(0).permutation(self.n)]}
+            for order, ios in orders.items():
+                for name, fn in ((f"uring_qd32_{order}", lambda: run_uring([fd], ios, self.size, Op.READ, 32, 10.0)),
+                                 (f"threads_16_{order}", lambda: run_threads([fd], ios, self.size, Op.READ, 16,
+                                                                              10.0))):
+                    drop_caches()
+                    with contextlib.suppress(Exception):
+                        self.best[name] = max(self.best.get(name, 0.0), fn().gbps)
+        finally:
+            os.close(fd)
+
+    def result(self) -> dict:
+        os.unlink(self.path)
+        method = max(self.best, key=self.best.get)
+        return {"gbps": self.best[method], "method": method, "all": self.best}
 
 
-def one_drive(root: str, size: int, total: int, backend: str, console) -> dict:
+def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console) -> dict:
     bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
-    out = {"block_kib": size // KiB, "blocks": bench.nblocks}
+    out = {"block_kib": size // KiB, "blocks": bench.nblocks, "rounds": rounds}
+    kv_dir = os.path.join(root, f"kv-{size}")
+    os.makedirs(kv_dir)
     try:
-        out["raw"] = raw_ceiling(os.path.join(root, "raw.bin"), size, total)
-        fs_root = os.path.join(root, f"fs-{size}")
-        out["fs"] = tier_run(bench, fs_config(fs_root))
-        shutil.rmtree(fs_root, ignore_errors=True)
-        kv_dir = os.path.join(root, f"kv-{size}")
-        os.makedirs(kv_dir)
-        out["kvswarm"] = tier_run(bench, kv_config([kv_dir], backend, bench.nblocks * (size + 64 * KiB) + 64 * MiB))
-        shutil.rmtree(kv_dir, ignore_errors=True)
+        raw = RawCeiling(os.path.join(root, "raw.bin"), size, total)
+        cases = {"fs": TierCase(bench, fs_config(os.path.join(root, f"fs-{size}"))),
+                 "kvswarm": TierCase(bench, kv_config([kv_dir], backend,
+                                                      bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
+        out.update(measure_rounds(cases, rounds, raw.measure))
+        out["raw"] = raw.result()
     finally:
         bench.close()
-    raw = out["raw"]["gbps"]
+        shutil.rmtree(os.path.join(root, f"fs-{size}"), ignore_errors=True)
+        shutil.rmtree(kv_dir, ignore_errors=True)
+    rawg = out["raw"]["gbps"]
     for t in ("fs", "kvswarm"):
-        out[t]["restore_ratio_vs_raw"] = out[t]["restore_gbps"] / raw
-        out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / raw
-    console.print(f"  raw {raw:.2f} GB/s ({out['raw']['method']}); restore fs {out['fs']['restore_gbps']:.2f}, "
-                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s")
+        out[t]["restore_ratio_vs_raw"] = out[t]["restore_gbps"] / rawg
+        out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg
+    console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}); restore fs {out['fs']['restore_gbps']:.2f}, "
+                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s (best of {rounds} rounds)")
     return out
 
 
@@ -269,36 +317,44 @@ def disk_reads() -> int:
     return total
 
 
-def restart_lookup(root: str, n: int, backend: str, console) -> dict:
+def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dict:
+    """Store ``n`` blocks in each tier, then per round: drop caches, open a new tier, look every block up."""
     bench = Bench(layout_for(4 * KiB), n)
-    configs = {"fs": fs_config(os.path.join(root, "fs-lookup"))}
     kv_dir = os.path.join(root, "kv-lookup")
     os.makedirs(kv_dir)
-    configs["kvswarm"] = kv_config([kv_dir], backend, n * 8 * KiB + 64 * MiB)
-    out: dict = {"blocks": n}
+    configs = {"fs": fs_config(os.path.join(root, "fs-lookup")),
+               "kvswarm": kv_config([kv_dir], backend, n * 8 * KiB + 64 * MiB)}
+    samples: dict[str, list[tuple[float, int, int]]] = {name: [] for name in configs}
     try:
-        for name, cfg in configs.items():
+        for cfg in configs.values():
             run = bench.open(cfg)
             bench.store(run)
             run.tier.shutdown()
-            drop_caches()
-            r0, t0 = disk_reads(), time.perf_counter()
-            run = bench.open(cfg)  # the restarted engine's tier
-            found = run.lookup(bench.keys)
-            dt = time.perf_counter() - t0
-            reads = disk_reads() - r0
-            run.tier.shutdown()
-            hits = sum(r.name == "HIT" for r in found)
-            out[name] = {"seconds": dt, "device_reads": reads, "hits": hits}
-            console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms, {reads} device reads, "
-                          f"{hits} hits")
+        for _ in range(rounds):
+            for name, cfg in configs.items():
+                drop_caches()
+                r0, t0 = disk_reads(), time.perf_counter()
+                run = bench.open(cfg)  # the restarted engine's tier
+                found = run.lookup(bench.keys)
+                dt = time.perf_counter() - t0
+                reads = disk_reads() - r0
+                run.tier.shutdown()
+                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found)))
     finally:
         bench.close()
+        shutil.rmtree(kv_dir, ignore_errors=True)
+        shutil.rmtree(os.path.join(root, "fs-lookup"), ignore_errors=True)
+    out: dict = {"blocks": n, "rounds": rounds}
+    for name, xs in samples.items():
+        dt, reads, hits = sorted(xs)[len(xs) // 2]  # the median round
+        out[name] = {"seconds": dt, "device_reads": reads, "hits": hits, "seconds_rounds": [x[0] for x in xs]}
+        console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median), {reads} device reads, "
+                      f"{hits} hits")
     return out
 
 
 # ---- 3. eight drives ---------------------------------------------------------------------------
-def eight_drives(size: int, total: int, backend: str, console) -> dict:
+def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> dict:
     from kvswarm.testbed import KERNEL, Testbed
 
     bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
@@ -311,11 +367,12 @@ def eight_drives(size: int, total: int, backend: str, console) -> dict:
             subprocess.run(["mkfs.ext4", "-q", "-F", tb.paths[0]], check=True)
             subprocess.run(["mount", tb.paths[0], mnt], check=True)
             try:
-                out["fs_1_drive"] = tier_run(bench, fs_config(os.path.join(mnt, "kv")))
+                fs_case = TierCase(bench, fs_config(os.path.join(mnt, "kv")))
+                out["fs_1_drive"] = measure_rounds({"fs": fs_case}, rounds)["fs"]
             finally:
                 subprocess.run(["umount", mnt], check=True)
-            out["kvswarm_8_drives"] = tier_run(bench, kv_config(list(tb.paths), backend, drive_bytes,
-                                                                meta_dir=tb.meta_dir))
+            kv_case = TierCase(bench, kv_config(list(tb.paths), backend, drive_bytes, meta_dir=tb.meta_dir))
+            out["kvswarm_8_drives"] = measure_rounds({"kv": kv_case}, rounds)["kv"]
     finally:
         bench.close()
     out["restore_speedup"] = out["kvswarm_8_drives"]["restore_gbps"] / out["fs_1_drive"]["restore_gbps"]

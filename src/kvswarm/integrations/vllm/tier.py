@@ -36,6 +36,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvswarm.integrations.keys import KeySpace, layout_dtype
+from kvswarm.format import extent_size
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
 
@@ -88,6 +89,7 @@ class _Job:
     batches: list[tuple[int, int, GetHandle | PutHandle, list[bytes]]] = field(default_factory=list)  # start, end, handle, keys put
     ok: list[bool] = field(default_factory=list)  # per key, filled as batches complete
     written: set[bytes] = field(default_factory=set)  # puts: keys this job wrote
+    t_done: float = 0.0
 
     @property
     def done(self) -> bool:
@@ -106,9 +108,10 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  drives: list[str], capacity_per_drive: int = 1 << 30, meta_dir: str | None = None,
-                 backend: str = "threads", queue_depth: int = 32, stripe_unit: int = 1 << 20,
+                 backend: str = "threads", queue_depth: int = 32, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
-                 model_id: str | None = None, durable: bool = True, max_inflight_jobs: int = 8,
+                 model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
+                 max_inflight_jobs: int = 16,
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -118,9 +121,12 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.keyspace = KeySpace.of("vllm", self.layout, tenant)
         self.store = KVStore(StoreConfig(
             drives=list(drives), meta_dir=meta_dir, capacity_per_drive=int(capacity_per_drive), backend=backend,
-            queue_depth=queue_depth, stripe_unit=stripe_unit, placement=placement,
+            queue_depth=queue_depth, placement=placement,
+            # One extent per chunk by default: reads then land in place, with no join of parts.
+            stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
         self.durable = durable
+        self.flush_interval = flush_interval
         self._events: list[OffloadingEvent] | None = (
             [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
         self._max_inflight = max(1, max_inflight_jobs)
@@ -197,6 +203,7 @@ class KVSwarmTierManager(SecondaryTierManager):
     # ---- driver thread: the only user of the store -------------------------------------
     def _run(self) -> None:
         active: list[_Job] = []
+        unflushed: list[_Job] = []
         while True:
             try:
                 block = not active
@@ -218,13 +225,22 @@ class KVSwarmTierManager(SecondaryTierManager):
                     self._complete_batch(j, *b)
                     progressed = True
             finished = [j for j in active if j.done]
-            if finished:
-                if self.durable and any(j.written for j in finished):
-                    self._flush()
-                for j in finished:
-                    active.remove(j)
+            for j in finished:
+                active.remove(j)
+                if self.durable and j.written:
+                    j.t_done = time.perf_counter()
+                    unflushed.append(j)  # reported once a flush makes it durable
+                else:
                     self._finish(j)
-            elif not progressed:
+            # One flush covers every store finished so far: flush when no write is in flight, or
+            # when the oldest finished store has waited flush_interval (bounds its latency).
+            if unflushed and (not any(not j.load for j in active)
+                              or time.perf_counter() - unflushed[0].t_done > self.flush_interval):
+                self._flush()
+                for j in unflushed:
+                    self._finish(j)
+                unflushed.clear()
+            elif not finished and not progressed:
                 self.store.engine.poll(0.001)
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
