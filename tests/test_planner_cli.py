@@ -101,3 +101,13 @@ def test_validate_quick_reports_errors_per_metric(tmp_path, capsys):
         assert c["measured"]["batches"] == c["simulated"]["batches"] == 3
     assert doc["calibration"]["read_bw_MBps"] > 0 and "emulation" in doc["emulation"]
     assert "Simulator vs measured" in capsys.readouterr().out
+
+
+def test_gpu_probe_refuses_cleanly_without_cuda(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the probe would run")
+    from kvswarm.planner.gpuprobe import main as probe
+
+    assert probe([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

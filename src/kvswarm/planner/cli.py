@@ -20,9 +20,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvswarm.planner.report import console as make_console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 DEFAULT_TRACE = "shared/traces/mooncake/conversation_trace.jsonl"
 

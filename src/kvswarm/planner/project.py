@@ -136,7 +136,7 @@ class Planner:
         return counts, cached, compute
 
     def screen(self, mix: Mix) -> Projection:
-        s, w, b = self.s, self.s.workload, self.block_bytes
+        s, b = self.s, self.block_bytes
         caps = self.caps(mix)
         counts, cached, compute = self._requests(caps, self.hits)
         wr = self.hits.writes(caps) * b  # bytes written per request to the SSD and HDD pools

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from kvswarm.planner.report import console as make_console
-from rich.table import Table
 
 HELP = "project sparse-decode read throughput for 1-64 drives; find where the host link binds"
 SWARM_8_GBPS = 37.67  # Swarm, arXiv 2603.17803: 8 SSDs

@@ -33,11 +33,10 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
-
-from kvswarm.planner.report import console as make_console
 from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE, payload_checksum
+from kvswarm.planner.report import console as make_console
 from kvswarm.sim.devices import DriveModel, LinkModel
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
@@ -318,7 +317,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                           f"{r['error'][k]:.1%}")
     console.print(f"emulation: {emulation}")
     console.print(f"drive model ({cal['source']}): {cal['read_bw_MBps']:.1f} MB/s, {cal['read_iops']:.0f} IOPS, "
-                  f"{cal['read_latency_us']:.0f} us latency, throttle slice {cal['slice_ms']:.0f} ms; host {cal['cpu_per_op_us']:.1f} us/op + "
+                  f"{cal['read_latency_us']:.0f} us latency, throttle slice {cal['slice_ms']:.0f} ms; "
+                  f"host {cal['cpu_per_op_us']:.1f} us/op + "
                   f"{cal['cpu_per_byte_ns']:.3f} ns/B; engine depth {depth} per drive")
     console.print(t)
     target = [r["error"][k] for r in results for k in TARGET_METRICS if k in r["error"]]

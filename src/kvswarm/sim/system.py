@@ -211,6 +211,22 @@ class SimStore:
         self.records.append(rec)
         return rec
 
+    def read(self, extents: Sequence[tuple[int, int]], to_gpu: bool = False):
+        """simpy process: read extents ``(drive, bytes)`` chosen by a retrieval strategy (e.g. the
+        replica each piece is read from, as in :class:`kvswarm.swarm.retrieval.ReadPlan`'s
+        ``drive_of`` / ``nbytes``); returns a BatchRecord."""
+        t0 = self.env.now
+        ops = [(d, -1, n, 1, 1) for d, n in extents if self.healthy[d]]
+        total = sum(op[2] for op in ops)
+        if ops:
+            yield self.env.all_of(self._submit(ops, write=False))
+            yield from self._cpu(len(ops), total)
+            if to_gpu and self.gpu:
+                yield from self.gpu.transfer(total)
+        rec = BatchRecord("get", t0, self.env.now, total, len(ops), len(ops), len(extents) - len(ops))
+        self.records.append(rec)
+        return rec
+
     def _ops(self, objs: list[_Obj]) -> list[tuple[int, int, int, int, int]]:
         """(drive, offset, bytes, nops, seeks) per I/O: one per extent, as the store issues them,
         or per drive one merged op when coalescing."""
