@@ -38,8 +38,9 @@ def copy_bandwidth(torch, nbytes: int = 1 << 30, reps: int = 10) -> dict[str, fl
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         host.fill_(1)
         name = "pinned" if pinned else "pageable"
-        out[f"h2d_{name}_gbps"] = nbytes / _time_cuda(torch, lambda: dev.copy_(host, non_blocking=pinned), reps) / 1e9
-        out[f"d2h_{name}_gbps"] = nbytes / _time_cuda(torch, lambda: host.copy_(dev, non_blocking=pinned), reps) / 1e9
+        h2d = _time_cuda(torch, lambda h=host, p=pinned: dev.copy_(h, non_blocking=p), reps)
+        d2h = _time_cuda(torch, lambda h=host, p=pinned: h.copy_(dev, non_blocking=p), reps)
+        out[f"h2d_{name}_gbps"], out[f"d2h_{name}_gbps"] = nbytes / h2d / 1e9, nbytes / d2h / 1e9
     return out
 
 
@@ -64,7 +65,7 @@ def prefill_throughput(torch, spec, lengths: list[int], reps: int = 5) -> dict[s
         q = torch.randn(1, spec.num_q_heads, n, spec.head_dim, dtype=bf, device="cuda")
         k = torch.randn(1, spec.num_q_heads, n, spec.head_dim, dtype=bf, device="cuda")
 
-        def layer():
+        def layer(x=x, q=q, k=k, n=n):
             y = x @ w_qkv
             a = F.scaled_dot_product_attention(q, k, k, is_causal=True)
             z = a.transpose(1, 2).reshape(n, hidden) @ w_o
