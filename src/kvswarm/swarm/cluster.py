@@ -48,6 +48,12 @@ class Clusters:
     def sizes(self) -> np.ndarray:
         return np.array([len(m) for m in self.members], np.int64)
 
+    @property
+    def overlapping(self) -> bool:
+        """Whether some entry sits in several clusters (selective replication)."""
+        total = int(self.sizes.sum())
+        return total > len(np.unique(np.concatenate(self.members))) if total else False
+
     def copies(self, universe: int) -> np.ndarray:
         """How many clusters hold each position (0 = uncovered, >1 = replicated by overlap)."""
         c = np.zeros(universe, np.int32)
@@ -128,6 +134,7 @@ class Greedy(Clusterer):
         np.add.at(dens, rows[p.data >= sim], 1)
         order = active[np.lexsort((-g.freq[active], -dens[active]))]
         copies = np.zeros(g.universe, np.int32)
+        copies[np.setdiff1d(np.arange(g.universe), active)] = self.max_copies  # never join: not ours
         acc = np.zeros(g.universe, np.float64)
         cap = self.max_size or len(active)
         out = []
@@ -154,7 +161,7 @@ class Greedy(Clusterer):
             acc[members] = 0.0
             out.append(np.array(members, np.int64))
         if self.min_size > 1:
-            out = _regroup_small(out, g.freq, self.min_size, self.leftover_size)
+            out = _regroup_small(out, g.freq, self.min_size, min(self.leftover_size, cap))
         return out
 
     @staticmethod

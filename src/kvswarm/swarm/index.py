@@ -36,20 +36,23 @@ class ClusterSelector(Selector):
 
     def __init__(self, clusters: ClusterSource | dict[int, Clusters] | None = None, score: str = "medoid",
                  pick: str = "density", mode: str = "topk", threshold: float = 0.01, centroids: int = 64,
-                 subspaces: int = 2) -> None:
+                 subspaces: int = 2, pq: KMeansPQSelector | None = None) -> None:
         if score not in ("medoid", "pq") or pick not in ("density", "mass") or mode not in ("topk", "threshold"):
             raise ValueError(f"bad ClusterSelector options score={score!r} pick={pick!r} mode={mode!r}")
         if clusters is None:
             raise ValueError("ClusterSelector needs the clusters of each layer (from a co-activation profile)")
         self._source = clusters.__getitem__ if isinstance(clusters, dict) else clusters
         self.score, self.pick, self.mode, self.threshold = score, pick, mode, threshold
-        self._pq = KMeansPQSelector(centroids, subspaces) if score == "pq" else None
+        # ``pq``: an index the caller already built over the same keys (shared with a PQ selector).
+        self._pq = (pq or KMeansPQSelector(centroids, subspaces)) if score == "pq" else None
+        self._pq_shared = pq is not None
         self._clusters: dict[int, Clusters] = {}
         self._medoid_keys: dict[int, torch.Tensor] = {}
         self._member_idx: dict[int, torch.Tensor] = {}  # concatenated member indices (into positions)
         self._seg: dict[int, torch.Tensor] = {}  # cluster id of each concatenated member
         self._sizes: dict[int, torch.Tensor] = {}
         self._base: dict[int, int] = {}
+        self._overlap: dict[int, bool] = {}
         self.last: dict[int, np.ndarray] = {}
 
     def build(self, layer: int, keys: torch.Tensor, positions: np.ndarray) -> None:
@@ -59,11 +62,13 @@ class ClusterSelector(Selector):
         if len(positions) and not np.array_equal(positions, np.arange(base, base + len(positions))):
             raise ValueError("ClusterSelector expects the offloaded positions to be one contiguous range")
         self._clusters[layer], self._base[layer] = cl, base
+        self._overlap[layer] = cl.overlapping
         med = torch.from_numpy(cl.medoids - base)
         self._medoid_keys[layer] = keys.to(torch.float32).index_select(1, med).contiguous()
         self._sizes[layer] = torch.from_numpy(cl.sizes.astype(np.float32))
         if self._pq is not None:
-            self._pq.build(layer, keys, positions)
+            if not self._pq_shared:
+                self._pq.build(layer, keys, positions)
             self._member_idx[layer] = torch.from_numpy(np.concatenate(cl.members) - base)
             self._seg[layer] = torch.from_numpy(np.repeat(np.arange(len(cl)), cl.sizes))
 
@@ -87,8 +92,7 @@ class ClusterSelector(Selector):
         else:
             key = est / sizes if self.pick == "density" else est
             order = torch.argsort(key, descending=True).numpy()
-            covered = np.cumsum(cl.sizes[order])
-            chosen = order[:int(np.searchsorted(covered, budget)) + 1]
+            chosen = _cover(cl, order, budget, self._overlap[q.layer])
         self.last[q.layer] = np.sort(chosen)
         pos = np.concatenate([cl.members[c] for c in chosen]) if len(chosen) else np.zeros(0, np.int64)
         sc = np.concatenate([np.full(len(cl.members[c]), float(est[c]) / len(cl.members[c]), np.float32)
@@ -102,3 +106,15 @@ class ClusterSelector(Selector):
 
     def describe(self) -> str:
         return f"swarm({self.score},{self.pick},{self.mode})"
+
+
+def _cover(cl: Clusters, order: np.ndarray, budget: int, overlapping: bool) -> np.ndarray:
+    """The prefix of ``order`` whose clusters cover at least ``budget`` distinct entries."""
+    if not overlapping:
+        return order[:int(np.searchsorted(np.cumsum(cl.sizes[order]), budget)) + 1]
+    seen: set[int] = set()
+    for i, c in enumerate(order.tolist()):
+        seen.update(cl.members[c].tolist())
+        if len(seen) >= budget:
+            return order[:i + 1]
+    return order

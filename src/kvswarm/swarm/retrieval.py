@@ -1,8 +1,9 @@
 """Retrieval: turn a step's wanted entries into one batch of reads, balanced over the drives.
 
 1. *Dedup*: entries already in DRAM (the hot-unit cache) are not read; the remaining entries
-   are covered by pieces -- a piece that alone holds a wanted entry is read, and entries held
-   by several pieces (overlapping clusters) take the piece covering most of what is left.
+   are covered by pieces -- a piece that alone holds a wanted entry is read, and an entry held
+   by several pieces (overlapping clusters) uses a piece already chosen, else the holder on
+   the drive that would finish first.
 2. *Replica choice*: every chosen piece has one or more copies on different drives.  Copies are
    assigned so that the drives finish together:
    ``assign="bucket"`` (the paper): in request order, each piece goes to the copy whose drive
@@ -69,39 +70,60 @@ class Retriever:
         self.extent = np.array([extent_size(int(s) * entry_bytes) for s in self.sizes], np.int64)
         self.drives, self.model = drives, model or DriveModel()
         self.assign, self.dedup = assign, dedup
+        self.down: set[int] = set()  # drives out of service: their copies are avoided
 
     def pieces_for(self, wanted: np.ndarray) -> np.ndarray:
-        """Pieces to read so that every ``wanted`` position is covered (all holders without dedup)."""
+        """Pieces to read so that every ``wanted`` position is covered (all holders without dedup).
+
+        A piece that alone holds a wanted entry is read; an entry held by several pieces
+        (overlapping clusters) is left to a piece already chosen when one holds it, else to
+        the holder whose drive would finish first (``primary``: the first holder).
+        """
         h = self.holders[wanted]
         if not self.dedup:
             return np.unique(h.indices)
         counts = np.diff(h.indptr)
         if (counts == 0).any():
             raise ValueError(f"positions {wanted[counts == 0][:5]} are held by no piece")
-        chosen = set(h.indices[h.indptr[:-1][counts == 1]].tolist())
+        chosen = np.zeros(len(self.sizes), bool)
+        chosen[h.indices[h.indptr[:-1][counts == 1]]] = True
         multi = np.flatnonzero(counts > 1)
         if len(multi):
-            hm = h[multi].tocsc()
-            done = np.zeros(len(multi), bool)
-            for p in chosen:
-                done[hm.indices[hm.indptr[p]:hm.indptr[p + 1]]] = True
-            hr = hm.tocsr()
-            while not done.all():
-                left = hr[~done]
-                p = int(np.argmax(np.bincount(left.indices, minlength=hr.shape[1])))
-                chosen.add(p)
-                done[hm.indices[hm.indptr[p]:hm.indptr[p + 1]]] = True
-        return np.array(sorted(chosen), np.int64)
+            b = np.zeros(self.drives)
+            r = np.zeros(self.drives)
+            first = np.array([d[0] for d in self.copy_drives], np.int64) if self.assign != "primary" else None
+            if first is not None:
+                idx = np.flatnonzero(chosen)
+                np.add.at(b, first[idx], self.extent[idx])
+                np.add.at(r, first[idx], 1)
+            m = self.model
+            for i in multi.tolist():
+                hs = h.indices[h.indptr[i]:h.indptr[i + 1]]
+                if chosen[hs].any():
+                    continue
+                if first is None:
+                    p = int(hs.min())
+                else:
+                    d = first[hs]
+                    p = int(hs[np.argmin(np.maximum((b[d] + self.extent[hs]) / m.read_bps, (r[d] + 1) / m.read_iops))])
+                    b[first[p]] += self.extent[p]
+                    r[first[p]] += 1
+                chosen[p] = True
+        return np.flatnonzero(chosen)
 
     def plan(self, wanted: np.ndarray, cache: UnitCache | None = None, layer: int = 0,
-             order: np.ndarray | None = None) -> ReadPlan:
-        """Reads for ``wanted`` positions of ``layer``; ``order`` is the request order of pieces."""
+             order: np.ndarray | None = None, available: np.ndarray | None = None) -> ReadPlan:
+        """Reads for ``wanted`` positions of ``layer``; ``order`` is the request order of pieces,
+        ``available`` pieces already in DRAM outside the cache (prefetched)."""
         wanted = np.asarray(wanted, np.int64)
         n_wanted = len(wanted)
         hits = 0
         used = np.zeros(0, np.int64)
-        if cache is not None and self.dedup:
-            cached = np.flatnonzero(cache.mask(layer, len(self.sizes)))
+        if self.dedup and (cache is not None or available is not None):
+            cached = np.flatnonzero(cache.mask(layer, len(self.sizes))) if cache is not None \
+                else np.zeros(0, np.int64)
+            if available is not None:
+                cached = np.union1d(cached, available)
             if len(cached):
                 hc = self.holders[wanted][:, cached]
                 in_dram = np.diff(hc.indptr) > 0
@@ -125,6 +147,11 @@ class Retriever:
     def _assign(self, pieces: np.ndarray) -> list[int]:
         n = len(pieces)
         copy = [0] * n
+        if self.down:  # a copy on a live drive when there is one (else the read is a counted miss)
+            for i, p in enumerate(pieces):
+                ds = self.copy_drives[p]
+                live = [c for c, d in enumerate(ds) if d not in self.down]
+                copy[i] = live[0] if live else 0
         if self.assign == "primary" or not n:
             return copy
         b = np.zeros(self.drives)
@@ -133,9 +160,9 @@ class Retriever:
         flex = []
         for i, p in enumerate(pieces):
             ds = self.copy_drives[p]
-            if len(ds) == 1:
-                b[ds[0]] += self.extent[p]
-                r[ds[0]] += 1
+            if sum(d not in self.down for d in ds) <= 1:
+                b[ds[copy[i]]] += self.extent[p]
+                r[ds[copy[i]]] += 1
             else:
                 flex.append(i)
         if self.assign == "makespan":
@@ -144,7 +171,8 @@ class Retriever:
             p = pieces[i]
             ds = self.copy_drives[p]
             e = self.extent[p]
-            t = [max((b[d] + e) / m.read_bps, (r[d] + 1) / m.read_iops) for d in ds]
+            t = [max((b[d] + e) / m.read_bps, (r[d] + 1) / m.read_iops) if d not in self.down else np.inf
+                 for d in ds]
             c = int(np.argmin(t))
             copy[i] = c
             b[ds[c]] += e
@@ -166,7 +194,7 @@ class Retriever:
                     continue
                 e = self.extent[p]
                 for c, d in enumerate(ds):
-                    if d == worst:
+                    if d == worst or d in self.down:
                         continue
                     new_d = max((b[d] + e) / m.read_bps, (r[d] + 1) / m.read_iops)
                     new_w = max((b[worst] - e) / m.read_bps, (r[worst] - 1) / m.read_iops)

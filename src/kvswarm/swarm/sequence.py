@@ -53,9 +53,9 @@ class LayerStats:
 
 class _SwarmFetch(FetchHandle):
     def __init__(self, seq: SwarmSequence, layer: int, positions: np.ndarray, plan: ReadPlan,
-                 extra: Sequence[tuple[int, int]] = ()) -> None:
-        self.seq, self.layer, self.positions, self.plan = seq, layer, positions, plan
-        reads = list(plan.reads) + list(extra)
+                 prefetch: bool = False) -> None:
+        self.seq, self.layer, self.positions, self.plan, self.is_prefetch = seq, layer, positions, plan, prefetch
+        reads = list(plan.reads)
         self.reads = reads
         self.t0 = time.perf_counter()
         self.handle = seq.store.submit_get([seq.key(layer, p, c) for p, c in reads]) if reads else None
@@ -82,6 +82,13 @@ class _SwarmFetch(FetchHandle):
                         continue
                     got[p] = np.frombuffer(view, dtype).reshape(n, *shape).copy()
         io_s = time.perf_counter() - self.t0
+        if self.is_prefetch:
+            for p, rows in got.items():
+                self.seq.dram[(self.layer, p)] = rows
+                self.seq.prefetched.add((self.layer, p))
+            self._result = Fetched(torch.zeros(0), torch.zeros(0), np.zeros(0, np.int64), len(self.reads),
+                                   missing_pieces, sum(len(pieces[p].positions) for p in got) * lay.entry_bytes, io_s)
+            return self._result
         self.seq.last = LayerStats(self.plan, io_s)
         cache = self.seq.cache
         if cache is not None:
@@ -116,7 +123,8 @@ class SwarmSequence(EntrySource):
         self.layouts, self.salt, self.seq_id = layouts, salt, seq_id
         self._prefix = PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
         self.cache = cache
-        self.dram: dict[tuple[int, int], np.ndarray] = {}
+        self.dram: dict[tuple[int, int], np.ndarray] = {}  # cached and prefetched pieces' rows
+        self.prefetched: set[tuple[int, int]] = set()
         self.last: LayerStats | None = None
         self._keys: list[torch.Tensor] = []
         self._resident: list[LayerKV] = []
@@ -171,10 +179,21 @@ class SwarmSequence(EntrySource):
                                              self.layout.entry_bytes, len(self.store.drives), self.model,
                                              self.assign, self.dedup))
 
+    def view(self, *, assign: str | None = None, dedup: bool | None = None, cache: UnitCache | None = None,
+             model: DriveModel | None = None) -> SwarmSequence:
+        """The same stored pieces read with another retrieval (replica choice, dedup, DRAM cache)."""
+        v = SwarmSequence(self.store, self.layout, self.geometry, self.token_ids, self.layouts, self.salt,
+                          self.seq_id, assign=assign or self.assign, dedup=self.dedup if dedup is None else dedup,
+                          cache=cache, model=model or self.model)
+        v._keys, v._resident = self._keys, self._resident
+        v._build_retrievers()
+        return v
+
     def _drop_evicted(self, layer: int) -> None:
         if self.cache is None:
             return
-        for key in [k for k in self.dram if not self.cache.mask(k[0], len(self.layouts[k[0]].pieces))[k[1]]]:
+        for key in [k for k in self.dram if k not in self.prefetched
+                    and not self.cache.mask(k[0], len(self.layouts[k[0]].pieces))[k[1]]]:
             del self.dram[key]
 
     # ---- EntrySource ----
@@ -185,11 +204,33 @@ class SwarmSequence(EntrySource):
         return self._keys[layer]
 
     def plan(self, layer: int, positions: np.ndarray) -> ReadPlan:
-        return self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer)
+        self.retrievers[layer].down = {d.index for d in self.store.drives if not d.healthy}
+        avail = np.array(sorted(p for (lay, p) in self.prefetched if lay == layer), np.int64) \
+            if self.prefetched else None
+        return self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer, available=avail)
 
-    def submit(self, layer, positions, extra: Sequence[tuple[int, int]] = ()):
+    def submit(self, layer, positions):
         positions = np.asarray(positions, np.int64)
-        return _SwarmFetch(self, layer, positions, self.plan(layer, positions), extra)
+        return _SwarmFetch(self, layer, positions, self.plan(layer, positions))
+
+    def prefetch(self, layer: int, pieces: np.ndarray) -> _SwarmFetch:
+        """Start reading ``pieces`` of ``layer`` ahead of its step (cached ones are skipped); once
+        waited for, the next ``plan`` of that layer counts them as in DRAM."""
+        r = self.retrievers[layer]
+        held = self.cache.mask(layer, len(r.sizes)) if self.cache is not None else np.zeros(len(r.sizes), bool)
+        pieces = np.asarray([p for p in pieces if not held[p]], np.int64)
+        copy = r._assign(pieces)
+        drive_of = [r.copy_drives[p][c] for p, c in zip(pieces, copy)]
+        plan = ReadPlan(list(zip(pieces.tolist(), copy)), drive_of, r.extent[pieces].tolist(), 0, 0,
+                        int(r.sizes[pieces].sum()))
+        return _SwarmFetch(self, layer, np.zeros(0, np.int64), plan, prefetch=True)
+
+    def release_prefetched(self, layer: int) -> None:
+        """Forget prefetched pieces of ``layer`` that the cache did not keep."""
+        for key in [k for k in self.prefetched if k[0] == layer]:
+            self.prefetched.discard(key)
+            if self.cache is None or not self.cache.mask(layer, len(self.layouts[layer].pieces))[key[1]]:
+                self.dram.pop(key, None)
 
     def submit_plan(self, layer: int, positions: np.ndarray, plan: ReadPlan) -> _SwarmFetch:
         """Read an already computed plan (benchmarks time planning and I/O apart)."""

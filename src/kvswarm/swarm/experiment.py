@@ -1,0 +1,305 @@
+"""Strategies of the sparse benchmark and the machinery to run them on a captured decode.
+
+A *strategy* is what a deployment would configure: a selector (who is needed), a layout
+(which entries share a store object, on which drive, how many copies), a retrieval (dedup,
+replica choice) and a DRAM cache policy.  The baselines and kvswarm run through the same
+code: selections come from each selector on the real model's captured queries
+(:class:`~kvswarm.swarm.capture.DecodeCapture`); reads are planned by the
+:class:`~kvswarm.swarm.retrieval.Retriever` and either executed on a real store
+(:class:`~kvswarm.swarm.sequence.SwarmSequence`) or costed with the drive model
+(``estimate``, used to tune on the profile text only).
+
+Activation traces for co-activation profiling are the exact top-``profile_sparsity`` entries
+of the dense attention during the first ``profile_steps`` decode steps of each text; the
+evaluation uses later steps of the same text (and the strategies' knobs are fixed on one
+text and evaluated on others).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kvswarm.placement import DriveView
+from kvswarm.sparse.base import Selector, StepQuery, budget_for, make_selector
+from kvswarm.sparse.kmeans import KMeansPQSelector
+from kvswarm.swarm.cache import CostBenefit, SizedLRU
+from kvswarm.swarm.capture import DecodeCapture
+from kvswarm.swarm.cluster import Clusters, cluster_heat, contiguous, make_clusterer
+from kvswarm.swarm.coact import cograph, incidence
+from kvswarm.swarm.index import ClusterSelector
+from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, plan_layout
+from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
+
+SINKS, WINDOW = 4, 64
+
+
+# ---- one text's captured decode, with exact attention -------------------------------------
+class TextData:
+    def __init__(self, cap: DecodeCapture, label: str, sinks: int = SINKS, window: int = WINDOW,
+                 profile_steps: int = 32, profile_sparsity: float = 0.1) -> None:
+        self.cap, self.label, self.sinks, self.window = cap, label, sinks, window
+        self.off = cap.offloaded(sinks, window)
+        self.n = len(self.off)
+        self.base = int(self.off[0])
+        self.profile_steps = min(profile_steps, cap.steps - 1)
+        self.mass = np.zeros((cap.steps, cap.layers, self.n), np.float32)
+        self.off_mass = np.zeros((cap.steps, cap.layers))
+        for s in range(cap.steps):
+            for layer in range(cap.layers):
+                self.mass[s, layer], self.off_mass[s, layer] = cap.dense_mass(layer, s, sinks, window)
+        k = budget_for(profile_sparsity, self.n)
+        top = np.argpartition(-self.mass, k - 1, axis=2)[:, :, :k]
+        self.active = np.sort(top, axis=2) + self.base  # [steps, layers, k] positions
+        self.keys = [torch.from_numpy(np.ascontiguousarray(cap.k[layer][:, self.base:self.base + self.n]))
+                     for layer in range(cap.layers)]
+
+    @property
+    def layers(self) -> int:
+        return self.cap.layers
+
+    @property
+    def eval_steps(self) -> range:
+        return range(self.profile_steps, self.cap.steps)
+
+    def profile_incidence(self, layer: int):
+        return incidence(self.active[:self.profile_steps, layer], self.cap.prompt_len)
+
+    def recall(self, step: int, layer: int, positions: np.ndarray) -> float:
+        """Share of the offloaded attention mass that attending ``positions`` captures."""
+        tot = self.mass[step, layer].sum()
+        return float(self.mass[step, layer, positions - self.base].sum() / tot) if tot > 0 else 1.0
+
+    def query(self, layer: int, step: int) -> StepQuery:
+        return StepQuery(layer, step, self.cap.query(layer, step),
+                         self.cap.resident_keys(layer, step, self.sinks, self.window), self.cap.scale)
+
+
+# ---- clusters of a text -------------------------------------------------------------------
+def coactivation_clusters(td: TextData, clusterer: str, neighbours: int = 32, **kw) -> dict[int, Clusters]:
+    c = make_clusterer(clusterer, **kw)
+    out = {}
+    for layer in range(td.layers):
+        x = td.profile_incidence(layer)
+        out[layer] = c.cluster(cograph(x, neighbours), x, td.off)
+    return out
+
+
+def kmeans_labels(x: torch.Tensor, k: int, iters: int = 10, seed: int = 0) -> np.ndarray:
+    """Lloyd's k-means on rows of ``x`` (torch matmuls; random distinct rows as seeds)."""
+    g = torch.Generator().manual_seed(seed)
+    c = x[torch.randperm(len(x), generator=g)[:k]].clone()
+    for _ in range(iters):
+        lab = torch.cdist(x, c).argmin(1)
+        cnt = torch.bincount(lab, minlength=k).clamp(min=1).to(x.dtype)
+        new = torch.zeros_like(c).index_add_(0, lab, x) / cnt[:, None]
+        c = torch.where(torch.bincount(lab, minlength=k)[:, None] > 0, new, c)
+    return torch.cdist(x, c).argmin(1).numpy()
+
+
+def key_clusters(td: TextData, size: int = 16, seed: int = 0) -> dict[int, Clusters]:
+    """Entries grouped by k-means of their keys (all KV heads), cut to ``size``: the layout of a
+    key-clustering index (PQCache/ClusterKV-like) -- tokens with similar keys share a page."""
+    out = {}
+    for layer in range(td.layers):
+        x = td.keys[layer].permute(1, 0, 2).reshape(td.n, -1).to(torch.float32)
+        k = max(1, td.n // size)
+        lab = kmeans_labels(x, k, seed=seed * 1000 + layer)
+        members = []
+        for c in range(k):
+            m = td.off[lab == c]
+            members += [m[i:i + size] for i in range(0, len(m), size)]
+        x_inc = td.profile_incidence(layer)
+        out[layer] = Clusters(members, np.array([int(m[0]) for m in members], np.int64),
+                              np.zeros(len(members), bool), cluster_heat(x_inc, members))
+    return out
+
+
+def position_blocks(td: TextData, size: int) -> dict[int, Clusters]:
+    return {layer: contiguous(td.off, size) for layer in range(td.layers)}
+
+
+# ---- strategies -----------------------------------------------------------------------------
+@dataclass
+class Strategy:
+    name: str
+    label: str
+    selector: Callable[[dict[int, Clusters] | None, KMeansPQSelector], Selector]
+    clusters: Callable[[TextData], dict[int, Clusters]]
+    layout: str = "raid0"  # raid0 | stripe | balanced
+    piece_bytes: int = 32 << 10
+    replicate: float = 0.0
+    assign: str = "primary"
+    dedup: bool = True
+    cache: str = "sized_lru"  # sized_lru | cost_benefit | none
+    selection_of: str | None = None  # reuse another strategy's selections (same selector)
+    cluster_select: bool = False  # the selector needs this strategy's clusters
+    prebuilt: bool = False  # the selector is the text's shared PQ index, already built
+    meta: dict = field(default_factory=dict)
+
+
+def default_strategies(best: dict | None = None) -> list[Strategy]:
+    """Baselines, the paper's Swarm (+ ablations) and kvswarm's best (``best`` overrides its knobs)."""
+    b = {"clusterer": "partition", "size": 12, "score": "pq", "pick": "density", "piece_bytes": 48 << 10,
+         "replicate": 0.15}
+    b.update(best or {})
+    bsize = b["size"]
+
+    def best_clusters(td):
+        kw = {"size": bsize} if b["clusterer"] in ("partition", "frequency") else dict(b.get("cluster_kw", {}))
+        return coactivation_clusters(td, b["clusterer"], **kw)
+
+    paper_clusters = lambda td: coactivation_clusters(td, "greedy", tau=0.5, max_copies=2)  # noqa: E731
+    paper_sel = lambda cl, pq: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
+    best_sel = lambda cl, pq: ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq)  # noqa: E731
+    return [
+        Strategy("token", "token top-k (No Cluster)", lambda cl, pq: make_selector("oracle"),
+                 lambda td: position_blocks(td, 1)),
+        Strategy("blocks", "fixed blocks (InfLLM/Quest-like)",
+                 lambda cl, pq: make_selector("blocks", block_tokens=16), lambda td: position_blocks(td, 16)),
+        Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq: pq, lambda td: key_clusters(td, 16),
+                 prebuilt=True),
+        Strategy("raid0", "RAID-0, no co-activation", best_sel, lambda td: position_blocks(td, 16),
+                 selection_of="kvswarm"),
+        Strategy("swarm", "Swarm as published", paper_sel, paper_clusters, layout="stripe", assign="bucket",
+                 cache="cost_benefit", cluster_select=True),
+        Strategy("swarm_nobalance", "Swarm, no balance", paper_sel, paper_clusters, layout="stripe",
+                 assign="primary", cache="cost_benefit", selection_of="swarm"),
+        Strategy("swarm_nodedup", "Swarm, no dedup", paper_sel, paper_clusters, layout="stripe", assign="bucket",
+                 dedup=False, cache="none", selection_of="swarm"),
+        Strategy("kvswarm", "kvswarm best", best_sel, best_clusters, layout="balanced", assign="makespan",
+                 piece_bytes=b["piece_bytes"], replicate=b["replicate"], cache="cost_benefit", cluster_select=True,
+                 meta=b),
+    ]
+
+
+# ---- selections -----------------------------------------------------------------------------
+@dataclass
+class Selections:
+    positions: list[list[np.ndarray]]  # [eval step][layer]
+    recall: np.ndarray  # [eval steps, layers]
+    select_s: float  # mean selector time per (step, layer)
+    index_bytes: int
+    entries: float  # mean entries attended per (step, layer)
+
+
+def build_pq(td: TextData) -> KMeansPQSelector:
+    """The text's PQ index (the k-means baseline's selector, shared with PQ-scored cluster selectors)."""
+    pq = make_selector("kmeans")
+    for layer in range(td.layers):
+        pq.build(layer, td.keys[layer], td.off)
+    return pq
+
+
+def run_selector(td: TextData, selector: Selector, sparsity: float, steps: range, build: bool = True) -> Selections:
+    budget = budget_for(sparsity, td.n)
+    for layer in range(td.layers if build else 0):
+        selector.build(layer, td.keys[layer], td.off)
+    pos, rec, t = [], np.zeros((len(steps), td.layers)), 0.0
+    for i, s in enumerate(steps):
+        row = []
+        for layer in range(td.layers):
+            q = td.query(layer, s)
+            t0 = time.perf_counter()
+            sel = selector.select(q, budget)
+            t += time.perf_counter() - t0
+            row.append(np.asarray(sel.positions, np.int64))
+            rec[i, layer] = td.recall(s, layer, row[-1])
+        pos.append(row)
+    n = max(1, len(steps) * td.layers)
+    return Selections(pos, rec, t / n, selector.index_bytes(), float(np.mean([len(p) for r in pos for p in r])))
+
+
+# ---- layouts and retrieval -------------------------------------------------------------------
+def build_layouts(st: Strategy, td: TextData, clusters: dict[int, Clusters], drives: int, entry_bytes: int,
+                  model: DriveModel) -> list[LayerLayout]:
+    cost = lambda b: max(b / model.read_bps, 1 / model.read_iops)  # noqa: E731
+    out = []
+    for layer in range(td.layers):
+        cl = clusters[layer]
+        act = None
+        if st.layout == "balanced":
+            x = td.profile_incidence(layer)
+            act = (x @ cl.membership(td.cap.prompt_len)) > 0
+        out.append(plan_layout(cl, drives, entry_bytes, mode=st.layout, piece_bytes=st.piece_bytes,
+                               max_piece_entries=max(1, ((1 << 20) - 64) // entry_bytes),
+                               replicate=st.replicate, activity=act, cost=cost))
+    return out
+
+
+def simulated_drives(layouts: list[LayerLayout], drives: int) -> list[list[list[int]]]:
+    """Drive of every copy as SwarmPlacement would place them on ``drives`` empty drives, in write order."""
+    pl = SwarmPlacement()
+    views = [DriveView(i, 1 << 40, True) for i in range(drives)]
+    return [[[pl.place(b"", 1, views, h)[0] for h in p.drives] for p in lay.pieces] for lay in layouts]
+
+
+def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: DriveModel,
+               entry_bytes: int) -> UnitCache | None:
+    if st.cache == "none" or capacity <= 0:
+        return None
+    pol = CostBenefit(capacity, t_base=1 / model.read_iops, t_transfer=entry_bytes / model.read_bps) \
+        if st.cache == "cost_benefit" else SizedLRU(capacity)
+    return UnitCache(pol, {i: np.array([len(p.positions) for p in lay.pieces]) for i, lay in enumerate(layouts)})
+
+
+def retrievers(st: Strategy, layouts: list[LayerLayout], copy_drives: list[list[list[int]]], universe: int,
+               entry_bytes: int, drives: int, model: DriveModel) -> list[Retriever]:
+    return [Retriever(lay.holders(universe), np.array([len(p.positions) for p in lay.pieces]), cd, entry_bytes,
+                      drives, model, st.assign, st.dedup) for lay, cd in zip(layouts, copy_drives)]
+
+
+@dataclass
+class IOResult:
+    """Per eval step sums over layers."""
+
+    io_s: np.ndarray  # measured (store) or modelled (estimate) I/O time per step
+    nbytes: np.ndarray  # bytes read per step (extents)
+    reads: np.ndarray  # I/Os per step
+    entries_read: np.ndarray
+    wanted: np.ndarray
+    hits: np.ndarray  # DRAM cache hits (entries)
+    plan_s: float = 0.0  # mean planning time per (step, layer)
+    per_drive_bytes: np.ndarray | None = None  # [drives] totals
+
+    def summary(self, drives: int, model: DriveModel, entry_bytes: int) -> dict:
+        t = float(self.io_s.mean())
+        bw = float(self.nbytes.sum() / max(self.io_s.sum(), 1e-12))
+        return {"io_ms": 1e3 * t, "mb_per_step": float(self.nbytes.mean() / 1e6),
+                "reads_per_step": float(self.reads.mean()), "bandwidth_mbps": bw / 1e6,
+                "utilisation": bw / (drives * model.read_bps),
+                "read_amplification": float(self.entries_read.sum() / max(1, self.wanted.sum() - self.hits.sum())),
+                "dram_hit_rate": float(self.hits.sum() / max(1, self.wanted.sum())),
+                "plan_ms": 1e3 * self.plan_s}
+
+
+def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
+               run: Callable[[int, np.ndarray, ReadPlan], float] | None, model: DriveModel) -> IOResult:
+    """Plan (and with ``run``, execute) every eval step's reads, layer after layer."""
+    e = len(sel.positions)
+    r = IOResult(*(np.zeros(e) for _ in range(6)))
+    pdb = np.zeros(rets[0].drives)
+    plan_t = 0.0
+    for i, row in enumerate(sel.positions):
+        for layer, pos in enumerate(row):
+            t0 = time.perf_counter()
+            plan = rets[layer].plan(pos, cache, layer)
+            plan_t += time.perf_counter() - t0
+            r.io_s[i] += run(layer, pos, plan) if run is not None else plan.makespan(model)
+            if cache is not None and run is None:
+                cache.after_read(layer, [p for p, _ in plan.reads], plan.cached_used)
+            r.nbytes[i] += sum(plan.nbytes)
+            r.reads[i] += len(plan.reads)
+            r.entries_read[i] += plan.entries_read
+            r.wanted[i] += plan.wanted
+            r.hits[i] += plan.dram_hits
+            pdb += plan.per_drive_bytes
+        if cache is not None and hasattr(cache.policy, "tick"):
+            cache.policy.tick()
+    r.plan_s = plan_t / max(1, e * len(rets))
+    r.per_drive_bytes = pdb
+    return r

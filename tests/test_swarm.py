@@ -1,0 +1,321 @@
+"""The Swarm core: co-activation statistics, clustering, cluster index, layout, retrieval, cache,
+prefetch, online maintenance, and reads through a real store (no model needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from kvswarm.layout import KVLayout
+from kvswarm.placement import DriveView
+from kvswarm.sparse.base import StepQuery
+from kvswarm.store import KVStore, StoreConfig
+from kvswarm.swarm.cache import CostBenefit, SizedLRU
+from kvswarm.swarm.cluster import Clusters, contiguous, make_clusterer
+from kvswarm.swarm.coact import CoActivation, cograph, incidence, jaccard
+from kvswarm.swarm.index import ClusterSelector
+from kvswarm.swarm.layout import STRIPE, CoactivationGrouping, Piece, LayerLayout, SwarmPlacement, plan_layout
+from kvswarm.swarm.online import OnlineMaintainer, append_entry
+from kvswarm.swarm.prefetch import CrossLayerPrefetch, precision_recall
+from kvswarm.swarm.retrieval import DriveModel, Retriever, UnitCache
+from kvswarm.swarm.sequence import SwarmSequence
+
+
+def planted(steps: int = 40, universe: int = 200, seed: int = 0) -> list[np.ndarray]:
+    """Activation sets with three planted groups that switch on together, plus noise."""
+    rng = np.random.default_rng(seed)
+    groups = [np.arange(10, 20), np.arange(50, 58), np.arange(120, 135)]
+    sets = []
+    for _ in range(steps):
+        on = [g for g in groups if rng.random() < 0.5]
+        noise = rng.choice(np.arange(150, universe), 3, replace=False)
+        sets.append(np.unique(np.concatenate(on + [noise])))
+    return sets
+
+
+# ---- co-activation -------------------------------------------------------------------------
+def test_cograph_jaccard_and_bounded_neighbours():
+    sets = [np.array([1, 2, 3]), np.array([1, 2]), np.array([2, 4])]
+    g = cograph(incidence(sets, 8), neighbours=8)
+    assert g.freq.tolist() == [0, 2, 3, 1, 1, 0, 0, 0]
+    assert g.p[1, 2] == pytest.approx(2 / 3)  # together twice; 1 twice, 2 three times
+    assert g.p[2, 1] == g.p[1, 2]
+    assert g.p[3, 4] == 0 and g.p[1, 1] == 0
+    dense = cograph(incidence(planted(), 200), neighbours=0)
+    small = cograph(incidence(planted(), 200), neighbours=4)
+    assert small.p.nnz <= 2 * 4 * 200  # top-k per row, symmetrised: O(n k), never n x n
+    assert small.p.nnz < dense.p.nnz
+    assert jaccard(np.array([1, 2]), np.array([2, 3])) == pytest.approx(1 / 3)
+
+
+def test_online_coactivation_window():
+    ca = CoActivation(10, history=2)
+    for s in ([1, 2], [1, 2], [3, 4]):
+        ca.add(np.array(s))
+    g = ca.graph()
+    assert g.steps == 2 and g.freq[1] == 1 and g.freq[3] == 1
+    ca.add(np.array([12]))  # a decoded token beyond the universe grows it
+    assert ca.universe == 13
+
+
+# ---- clustering ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,kw", [("greedy", {"tau": 0.5}), ("greedy", {"tau": 0.5, "max_size": 6, "min_size": 3}),
+                                     ("frequency", {"size": 8}), ("partition", {"size": 8})])
+def test_clusterers_cover_every_position(name, kw):
+    sets = planted()
+    x = incidence(sets, 200)
+    positions = np.arange(4, 190)
+    cl = make_clusterer(name, **kw).cluster(cograph(x), x, positions)
+    copies = cl.copies(200)
+    assert (copies[positions] >= 1).all() and (copies[:4] == 0).all()
+    assert copies.max() <= kw.get("max_copies", 2)
+    assert all(np.isin(m, positions).all() for m in cl.members)
+    for c, m in enumerate(cl.members):
+        assert cl.medoids[c] in m
+    if name in ("frequency", "partition"):
+        assert cl.sizes[~cl.cold].max() <= kw["size"]
+    if "max_size" in kw:
+        assert cl.sizes[~cl.cold].max() <= kw["max_size"]
+
+
+def test_greedy_finds_planted_groups():
+    x = incidence(planted(), 200)
+    cl = make_clusterer("greedy", tau=0.3).cluster(cograph(x), x, np.arange(4, 190))
+    memb = cl.membership(200)
+    for g in (np.arange(10, 20), np.arange(50, 58)):
+        homes = [set(memb[i].indices.tolist()) for i in g]
+        assert set.intersection(*homes), f"group {g[0]}.. was split"
+    # never-active positions are cold blocks of consecutive positions
+    cold = [m for m, c in zip(cl.members, cl.cold) if c]
+    assert cold and all((np.diff(m) >= 1).all() for m in cold)
+    assert (cl.heat[cl.cold] == 0).all() and (cl.heat[~cl.cold] > 0).all()
+
+
+# ---- the cluster index -----------------------------------------------------------------------
+def synthetic_keys(n: int = 64, kvh: int = 1, d: int = 8, seed: int = 0) -> torch.Tensor:
+    return torch.randn(kvh, n, d, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("score", ["medoid", "pq"])
+def test_cluster_selector_picks_whole_clusters(score):
+    positions = np.arange(4, 68)
+    cl = contiguous(positions, 8)
+    keys = synthetic_keys()
+    sel = ClusterSelector({0: cl}, score=score, centroids=8)
+    sel.build(0, keys, positions)
+    # a query aligned with position 30's key: its cluster (24..31) must be among the first picked
+    q = StepQuery(0, 0, keys[0, 30 - 4][None] * 4, synthetic_keys(4, seed=1), 1.0)
+    s = sel.select(q, 16)
+    assert len(s) >= 16 and 30 in s.positions
+    chosen = sel.last[0]
+    assert sorted(np.concatenate([cl.members[c] for c in chosen]).tolist()) == s.positions.tolist()
+    assert sel.index_bytes() > 0
+
+
+# ---- placement and layout ---------------------------------------------------------------------
+def views(n: int) -> list[DriveView]:
+    return [DriveView(i, 1 << 30, True) for i in range(n)]
+
+
+def test_swarm_placement_hints():
+    pl = SwarmPlacement()
+    assert pl.place(b"", 2, views(4), 3) == [3, 3]
+    assert pl.place(b"", 1, views(4)[:2], 3) in ([0], [1])  # drive 3 unavailable: another one
+    a = [pl.place(b"", 1, views(4), STRIPE)[0] for _ in range(8)]
+    assert a == [(a[0] + i) % 4 for i in range(8)]  # the global pointer walks the drives
+
+
+def test_stripe_layout_spreads_each_cluster():
+    cl = contiguous(np.arange(0, 64), 16)
+    lay = plan_layout(cl, 4, 1536, mode="stripe")
+    assert len(lay.pieces) == 16 and all(len(p.positions) == 4 for p in lay.pieces)
+    pl = SwarmPlacement()
+    drives = [pl.place(b"", 1, views(4), p.drives[0])[0] for p in lay.pieces]
+    for c in range(4):
+        assert sorted(drives[i] for i in lay.cluster_pieces[c]) == [0, 1, 2, 3]
+
+
+def test_balanced_layout_separates_coactivated_clusters_and_replicates():
+    members = [np.arange(i * 8, i * 8 + 8) for i in range(4)]
+    cl = Clusters(members, np.array([0, 8, 16, 24]), np.zeros(4, bool), np.array([1.0, 1.0, 0.5, 0.5]))
+    from scipy import sparse
+
+    # clusters 0 and 1 are always active together; 2 and 3 alternate
+    act = sparse.csr_matrix(np.array([[1, 1, 1, 0], [1, 1, 0, 1]] * 4, bool))
+    lay = plan_layout(cl, 2, 1536, mode="balanced", piece_bytes=64 << 10, activity=act, replicate=0.3)
+    primary = {p.cluster: p.drives[0] for p in lay.pieces}
+    assert primary[0] != primary[1]
+    replicated = [p for p in lay.pieces if len(p.drives) > 1]
+    assert replicated and all(p.drives[0] != p.drives[1] for p in replicated)
+    assert lay.stored_entries() > 32
+    groups = CoactivationGrouping({0: lay}).group(0, np.arange(32), None, 5)
+    assert sorted(np.concatenate([g.positions for g in groups]).tolist()) == list(range(32))
+    assert max(len(g.positions) for g in groups) <= 5
+
+
+# ---- retrieval ------------------------------------------------------------------------------
+def make_retriever(pieces: list[Piece], drives: int, assign: str = "makespan", dedup: bool = True) -> Retriever:
+    cl = Clusters([p.positions for p in pieces], np.array([p.positions[0] for p in pieces]),
+                  np.zeros(len(pieces), bool), np.zeros(len(pieces)))
+    lay = LayerLayout(cl, pieces)
+    return Retriever(lay.holders(64), np.array([len(p.positions) for p in pieces]), [p.drives for p in pieces],
+                     1536, drives, DriveModel(100e6, 5000), assign, dedup)
+
+
+def test_replica_assignment_balances_drives():
+    # four single-copy pieces on drive 0, four replicated pieces on drives (0, 1)
+    pieces = [Piece(i, np.array([i]), [0]) for i in range(4)] + [Piece(4 + i, np.array([4 + i]), [0, 1])
+                                                                 for i in range(4)]
+    wanted = np.arange(8)
+    spans = {a: make_retriever(pieces, 2, a).plan(wanted).makespan(DriveModel(100e6, 5000))
+             for a in ("primary", "bucket", "makespan")}
+    assert spans["makespan"] <= spans["bucket"] < spans["primary"]
+    plan = make_retriever(pieces, 2).plan(wanted)
+    assert plan.per_drive_reads.tolist() == [4, 4]
+
+
+def test_dedup_overlap_and_dram_cache():
+    # entry 5 is held by two pieces (overlapping clusters)
+    pieces = [Piece(0, np.array([1, 5]), [0]), Piece(1, np.array([5, 9]), [1]), Piece(2, np.array([20]), [0])]
+    r = make_retriever(pieces, 2)
+    assert sorted(p for p, _ in r.plan(np.array([5])).reads) in ([0], [1])  # one holder is enough
+    assert sorted(p for p, _ in r.plan(np.array([1, 5, 9])).reads) == [0, 1]
+    nodedup = make_retriever(pieces, 2, dedup=False)
+    assert sorted(p for p, _ in nodedup.plan(np.array([5])).reads) == [0, 1]
+    cache = UnitCache(SizedLRU(10), {0: np.array([2, 2, 1])})
+    plan = r.plan(np.array([1, 5, 20]), cache, 0)
+    cache.after_read(0, [p for p, _ in plan.reads], plan.cached_used)
+    again = r.plan(np.array([1, 5, 20]), cache, 0)
+    assert again.reads == [] and again.dram_hits == 3 and again.wanted == 3
+
+
+# ---- DRAM cache policies ---------------------------------------------------------------------
+def test_cost_benefit_keeps_small_hot_units():
+    cb = CostBenefit(10, t_base=1.0, t_transfer=0.01)
+    for _ in range(5):
+        cb.record("hot")
+    cb.insert("hot", 2)
+    cb.record("big")
+    assert not cb.admit("big", 10)  # read once, would evict a unit read five times
+    for _ in range(3):
+        cb.record("warm")
+    assert cb.admit("warm", 4)
+    cb.insert("warm", 4)
+    assert "hot" in cb and "warm" in cb and len(cb) == 6
+    cb.tick()
+    assert list(cb)[0] == "warm"  # lowest score first
+
+
+@settings(max_examples=40, deadline=None)
+@given(hs.lists(hs.tuples(hs.integers(0, 20), hs.integers(1, 6)), max_size=80), hs.integers(1, 12))
+def test_sized_policies_never_exceed_capacity(ops, cap):
+    for pol in (SizedLRU(cap), CostBenefit(cap)):
+        sizes = {}
+        for key, size in ops:
+            size = sizes.setdefault(key, size)
+            pol.touch(key)
+            if pol.admit(key, size):
+                pol.insert(key, size)
+            assert len(pol) <= cap
+            assert len(pol) == sum(sizes[k] for k in pol)
+
+
+# ---- prefetch and online maintenance -----------------------------------------------------------
+def test_cross_layer_prefetch_prediction():
+    l0 = make_retriever([Piece(0, np.arange(0, 8), [0]), Piece(1, np.arange(8, 16), [1])], 2).holders
+    l1 = make_retriever([Piece(0, np.arange(0, 4), [0]), Piece(1, np.arange(4, 16), [1])], 2).holders
+    pf = CrossLayerPrefetch([l0, l1], min_votes=2)
+    assert pf.predict(0, np.array([1, 2, 5])).tolist() == [0]  # piece 0 of layer 1 holds 2 of them
+    assert pf.predict(1, np.array([1, 2])).tolist() == []  # no layer after the last
+    assert precision_recall(np.array([0, 1]), np.array([1])) == (0.5, 1.0)
+
+
+def test_online_maintenance_joins_and_reclusters():
+    sets = planted(20)
+    x = incidence(sets, 200)
+    clusterer = make_clusterer("partition", size=8)
+    cl = clusterer.cluster(cograph(x), x, np.arange(4, 190))
+    om = OnlineMaintainer(cl, np.arange(4, 190), clusterer, window_steps=2, warmup=2, drift=0.2)
+    medoid = int(cl.medoids[0])
+    om.new_token(200, 0)
+    joined = []
+    for s in range(3):
+        joined += om.observe(s, np.array([medoid, 200]), 10, 9)
+    assert joined and joined[0][0] == 200 and 0 in joined[0][1]
+    assert 200 in cl.members[0] or 200 in om.clusters.members[joined[0][1][0]]
+    for s in range(3, 8):
+        om.observe(s, np.array([medoid]), 10, 2)  # efficiency collapses
+    assert om.drifted()
+    new = om.recluster()
+    assert om.reclusters == 1 and 200 in np.concatenate(new.members)
+    lay = plan_layout(contiguous(np.arange(8), 4), 2, 1536, mode="balanced", piece_bytes=1536 * 4)
+    pid = append_entry(lay, 0, 9, 2)
+    assert lay.pieces[pid].positions.tolist() == [9] and pid in lay.cluster_pieces[0]
+
+
+# ---- reads through a real store ----------------------------------------------------------------
+@pytest.fixture
+def store(tmp_path):
+    drives = [tmp_path / f"d{i}" for i in range(3)]
+    for d in drives:
+        d.mkdir()
+    s = KVStore(StoreConfig([str(d) for d in drives], capacity_per_drive=64 << 20, placement=SwarmPlacement(),
+                            buffer_pool_bytes=16 << 20))
+    yield s
+    s.close()
+
+
+def kv(layers: int = 2, n: int = 100, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)) for _ in range(layers)]
+
+
+def test_swarm_sequence_reads_exact_entries_with_replicas_and_faults(store):
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv()
+    sinks, window = 4, 16
+    off = np.arange(sinks, 100 - window)
+    x = incidence([a[(a >= sinks) & (a < 100 - window)] for a in planted(20)], 100)
+    cl = make_clusterer("partition", size=6).cluster(cograph(x), x, off)
+    act = (x @ cl.membership(100)) > 0
+    layouts = [plan_layout(cl, 3, lay.entry_bytes, mode="balanced", piece_bytes=4096, activity=act, replicate=0.5)
+               for _ in range(2)]
+    seq = SwarmSequence.create(store, data, list(range(100)), lay, layouts, sinks=sinks, window=window)
+    want = np.array([5, 17, 40, 41, 70])
+    f = seq.fetch(1, want)
+    assert len(f.missing) == 0
+    torch.testing.assert_close(f.keys, data[1][0][0][:, want])
+    torch.testing.assert_close(f.values, data[1][1][0][:, want])
+    # a failed drive: replicated pieces are read from their other copy, the rest are counted misses
+    store.fail_drive(0)
+    seq2 = seq.view()
+    f2 = seq2.fetch(1, off)
+    ok = np.setdiff1d(np.arange(len(off)), f2.missing)
+    torch.testing.assert_close(f2.keys[:, ok], data[1][0][0][:, off[ok]])
+    assert (f2.keys[:, f2.missing] == 0).all()
+
+
+def test_swarm_sequence_dram_cache_and_prefetch(store):
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=1)
+    off = np.arange(4, 84)
+    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="stripe") for _ in range(2)]
+    cache = UnitCache(CostBenefit(40), {i: np.array([len(p.positions) for p in layouts[i].pieces])
+                                        for i in range(2)})
+    seq = SwarmSequence.create(store, data, list(range(100)), lay, layouts, cache=cache)
+    want = np.array([10, 11, 12, 50])
+    seq.fetch(0, want)
+    f = seq.fetch(0, want)  # now from DRAM
+    assert seq.last.plan.dram_hits == 4 and not seq.last.plan.reads
+    torch.testing.assert_close(f.keys, data[0][0][0][:, want])
+    h = seq.prefetch(1, np.array([0, 1]))
+    h.wait()
+    plan = seq.plan(1, layouts[1].pieces[0].positions)
+    assert plan.reads == [] and plan.dram_hits == len(layouts[1].pieces[0].positions)
+    f = seq.fetch(1, layouts[1].pieces[0].positions)
+    torch.testing.assert_close(f.keys, data[1][0][0][:, layouts[1].pieces[0].positions])
+    seq.release_prefetched(1)
+    assert not seq.prefetched
