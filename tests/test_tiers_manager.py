@@ -281,3 +281,14 @@ def test_warm_restart_finds_every_flushed_block(tmp_path):
     n, first, ok, reopen = out.stdout.split(maxsplit=3)[0], *out.stdout.split()[1:4]
     assert n == "5" and "SSD" in first and ok == "True"
     assert float(reopen) < 5
+
+
+def test_prefix_larger_than_read_buffers_is_cut_not_crashed(tmp_path):
+    cfg = pool(tmp_path, "ssd", 2, 8)
+    cfg.buffer_pool_bytes = 4 * 4096  # room for 4 blocks in flight
+    with TierManager(TierConfig(block_bytes=BLOCK, dram_bytes=0, ssd=cfg, chunk_blocks=2)) as tm:
+        ks = keys_of(0, 8)
+        serve(tm, ks)
+        tm.flush()
+        assert serve(tm, ks) == [Tier.SSD] * 4  # the rest recomputed; next time the buffers are free again
+        assert tm.counters["buffer_exhausted"] == 1

@@ -123,7 +123,12 @@ class Prefetch:
             j = i
             while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
                 j += 1
-            self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+            try:
+                self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+            except BufferPoolExhausted:  # the pool's read buffers are full: the rest is recomputed
+                mgr.counters["buffer_exhausted"] += 1
+                n = i
+                break
             i = j
         self.located = n
 
@@ -351,7 +356,11 @@ class TierManager:
         else:
             if self._pending[src][digest]:
                 self._reap(src)  # a block being written is only readable once its put completed
-            r = self.stores[src].submit_get_digests([digest]).wait()
+            try:
+                r = self.stores[src].submit_get_digests([digest]).wait()
+            except BufferPoolExhausted:
+                self.counters["buffer_exhausted"] += 1
+                return None
             results.append(r)
             v = r.views[0]
         if v is None or (k := block_key(v)) is None or key_digest(k) != digest:
@@ -377,26 +386,35 @@ class TierManager:
         items = list(q.items())
         q.clear()
         store = self.stores[tier]
+        self._reap(tier, wait=False)  # finished puts give their staging buffers back
+
+        def register(ds: list[bytes], h) -> None:
+            for d in ds:
+                self._doomed[tier].discard(d)
+                self._pending[tier][d] += 1
+            self._puts.append((tier, ds, h))
+
         try:
             try:
-                batches = [([d for d, _ in items], store.submit_put([(k, v) for _, (k, v, _) in items]))]
-            except DriveFull:  # one at a time: as many as fit
-                batches = []
+                register([d for d, _ in items], store.submit_put([(k, v) for _, (k, v, _) in items]))
+            except (DriveFull, BufferPoolExhausted):  # one at a time: as many as fit
                 for d, (k, v, _) in items:
                     try:
-                        batches.append(([d], store.submit_put([(k, v)])))
-                    except DriveFull:
+                        try:
+                            h = store.submit_put([(k, v)])
+                        except (DriveFull, BufferPoolExhausted):
+                            # Puts in flight hold staging buffers, and blocks dropped while their put
+                            # was in flight still hold extents: complete them, then try once more.
+                            self._reap(tier)
+                            h = store.submit_put([(k, v)])
+                        register([d], h)
+                    except (DriveFull, BufferPoolExhausted):
                         self.counters["put_failures"] += 1
                         self.director.lost(d, tier)
         finally:
             for _, (_, _, slot) in items:
                 if slot is not None:
                     slot.unpin()
-        for ds, h in batches:
-            for d in ds:
-                self._doomed[tier].discard(d)
-                self._pending[tier][d] += 1
-            self._puts.append((tier, ds, h))
 
     def _reap(self, tier: Tier | None = None, wait: bool = True) -> None:
         """Complete the puts in flight (of one tier, or all; with ``wait=False`` only those already
