@@ -23,7 +23,7 @@ def run_suite(folder: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHASHSEED", "VIRTUAL_ENV", "PYTHONPATH")}
     proc = subprocess.run([VENV_PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning",
                            os.path.join("tests", folder)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=2400)
     print(proc.stdout[-4000:])
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
     last = proc.stdout.strip().splitlines()[-1]

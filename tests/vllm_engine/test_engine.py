@@ -27,7 +27,7 @@ def run_engine(model: str, drives: list[str], phase: str, out: str) -> dict:
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     proc = subprocess.run([sys.executable, os.path.join(HERE, "engine_run.py"), "--model", model, "--drives",
                            ",".join(drives), "--phase", phase, "--out", out],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     with open(out) as f:
         return json.load(f)
