@@ -91,14 +91,14 @@ def test_scale_projection_finds_the_link_bound(tmp_path, capsys):
 def test_validate_quick_reports_errors_per_metric(tmp_path, capsys):
     """A tiny validation (fast caps, few batches): the report's shape, not its accuracy (that is the command's)."""
     out = tmp_path / "val.json"
-    assert main(["validate", "--quick", "--drives", "1,2", "--small-kib", "0", "--batches", "3",
-                 "--cap-mbps", "400", "--cap-iops", "8000", "--json", str(out)]) == 0
+    assert main(["validate", "--quick", "--drives", "1,2", "--small-kib", "0", "--batches", "3", "--seconds", "0.2",
+                 "--rounds", "1", "--cap-mbps", "400", "--cap-iops", "8000", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     s = doc["summary"]
     assert s["configurations"] == 2 and 0 <= s["max_error"] <= s["max_error_all"]
     for c in doc["configs"]:
         assert set(c["error"]) >= {"throughput_Bps", "mean_io_time_s"}
-        assert c["measured"]["batches"] == c["simulated"]["batches"] == 3
+        assert c["measured"]["batches"] == c["simulated"]["batches"] >= 3
     assert doc["calibration"]["read_bw_MBps"] > 0 and "emulation" in doc["emulation"]
     assert "Simulator vs measured" in capsys.readouterr().out
 

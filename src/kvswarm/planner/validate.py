@@ -58,7 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "on the most drives (0 = none; default %(default)s)")
     p.add_argument("--batch-per-drive", type=int, default=16, help="objects per get batch per drive "
                    "(default %(default)s)")
-    p.add_argument("--batches", type=int, help="timed batches per configuration (default 24, quick 12)")
+    p.add_argument("--batches", type=int, help="timed batches per configuration (default 24, quick 12), and "
+                   "at least --seconds of them at the caps")
+    p.add_argument("--seconds", type=float, help="least timed seconds per run at the caps (default 2, quick 1)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per configuration; the median is kept "
                    "(default %(default)s)")
     p.add_argument("--cap-mbps", type=float, default=100.0, help="per-drive MB/s cap (default %(default)s)")
@@ -152,9 +154,11 @@ class Workload:
 
 
 def make_workload(prefix: str, n_drives: int, extent_kib: int, per_drive: int, batch_per_drive: int,
-                  batches: int, rng: random.Random, single: bool = False, caps=None) -> Workload:
-    """``batches`` timed batches of ``batch_per_drive`` x ``n_drives`` random keys, after enough warm-up
-    batches (0.25 s at the drives' caps)."""
+                  batches: int, rng: random.Random, single: bool = False, caps=None,
+                  min_seconds: float = 0.0) -> Workload:
+    """At least ``batches`` timed batches of ``batch_per_drive`` x ``n_drives`` random keys, and at least
+    ``min_seconds`` of them at the drives' caps (the throttle grants its budget in 100 ms windows: a
+    run of a few windows measures their quantisation), after 0.25 s of warm-up batches."""
     payload = extent_kib * KiB - HEADER_SIZE
     n_obj = max(per_drive * n_drives, batch_per_drive * n_drives * 2)
     keys = [f"{prefix}/{i}".encode() for i in range(n_obj)]
@@ -164,6 +168,7 @@ def make_workload(prefix: str, n_drives: int, extent_kib: int, per_drive: int, b
         per_drive = k / n_drives
         batch_s = max(per_drive * extent_kib * KiB / (caps.read_mbps * 1e6), per_drive / caps.read_iops)
         warm = max(2, math.ceil(0.25 / batch_s))
+        batches = max(batches, math.ceil(min_seconds / batch_s))
     stream = [Request("get", tuple(rng.sample(keys, k))) for _ in range(warm + batches)]
     return Workload([(key, payload) for key in keys], stream, warm)
 
@@ -197,6 +202,10 @@ def simulate(model: SystemModel, wl: Workload) -> dict:
     return replay(sim, wl.stream[wl.warmup:])
 
 
+def _seconds(args: argparse.Namespace) -> float:
+    return args.seconds if args.seconds is not None else 1.0 if args.quick else 2.0
+
+
 def _fit(lo: float, hi: float, target: float, predict, iters: int = 16) -> float:
     """Geometric bisection for x in [lo, hi] with predict(x) == target, predict increasing in x."""
     for _ in range(iters):
@@ -219,9 +228,10 @@ def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: r
     """
     quick = args.quick
     n = 6 if quick else 12
+    span = _seconds(args)
     runs = {
-        "bandwidth": make_workload("cal-bw", 1, 1024, 32, 8, n, rng, caps=caps),
-        "iops": make_workload("cal-iops", 1, 4, 256, 64, n, rng, caps=caps),
+        "bandwidth": make_workload("cal-bw", 1, 1024, 32, 8, n, rng, caps=caps, min_seconds=span),
+        "iops": make_workload("cal-iops", 1, 4, 256, 64, n, rng, caps=caps, min_seconds=span),
         "latency": make_workload("cal-lat", 1, 4, 64, 1, 30 if quick else 80, rng, single=True),
     }
     measured = {}
@@ -277,8 +287,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if not args.drives or min(args.drives) < 1:
         raise ValueError("--drives needs counts >= 1")
     if args.cap_mbps <= 0 or args.cap_iops <= 0 or args.object_kib < 4 or args.small_kib < 0 \
-            or args.batch_per_drive < 1 or (args.batches is not None and args.batches < 2) or args.rounds < 1:
-        raise ValueError("caps must be positive, object sizes >= 4 KiB, batches >= 2, rounds >= 1")
+            or args.batch_per_drive < 1 or (args.batches is not None and args.batches < 2) or args.rounds < 1 \
+            or (args.seconds is not None and args.seconds < 0):
+        raise ValueError("caps must be positive, object sizes >= 4 KiB, batches >= 2, rounds >= 1, seconds >= 0")
     make_placement(args.placement)
     t_start = time.perf_counter()
     rng = random.Random(args.seed)
@@ -302,7 +313,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         configs.append((largest, args.small_kib))
     results, emulation = [], None
     for n, kib in configs:
-        wl = make_workload(f"val-{n}-{kib}", n, kib, per_drive, args.batch_per_drive, batches, rng, caps=caps)
+        wl = make_workload(f"val-{n}-{kib}", n, kib, per_drive, args.batch_per_drive, batches, rng, caps=caps,
+                           min_seconds=_seconds(args))
         with console.status(f"measuring {n} drive(s), {kib} KiB objects"):
             with testbed(n) as tb:
                 emulation = emulation or tb.describe()
