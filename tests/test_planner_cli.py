@@ -111,3 +111,12 @@ def test_gpu_probe_refuses_cleanly_without_cuda(capsys):
 
     assert probe([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_calibration_from_bench_io_results():
+    from kvswarm.planner.validate import rates_from_bench
+
+    doc = {"drives": {"emulation": "kernel", "drives": 2}, "summary": {"raw_gbps_1m": 0.2, "raw_iops_4k": 4000.0}}
+    assert rates_from_bench(doc) == (1e8, 2000.0, 2)
+    with pytest.raises(ValueError, match="raw_gbps_1m"):
+        rates_from_bench({"summary": {}})

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -202,6 +203,18 @@ def simulate(model: SystemModel, wl: Workload) -> dict:
     return replay(sim, wl.stream[wl.warmup:])
 
 
+def rates_from_bench(doc: dict) -> tuple[float, float, int]:
+    """Per-drive read bytes/s and IOPS from `kvswarm bench io --json` results (its raw O_DIRECT
+    ceiling at 1 MiB and 4 KiB, over the drives it ran on: use ``--drives 1`` and the same caps)."""
+    try:
+        nd = int(doc.get("drives", {}).get("drives", 1)) or 1
+        s = doc["summary"]
+        return s["raw_gbps_1m"] * 1e9 / nd, s["raw_iops_4k"] / nd, nd
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"not `kvswarm bench io --json` results (need summary.raw_gbps_1m and raw_iops_4k): {e}") \
+            from None
+
+
 def _seconds(args: argparse.Namespace) -> float:
     return args.seconds if args.seconds is not None else 1.0 if args.quick else 2.0
 
@@ -250,12 +263,8 @@ def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: r
 
     source = "measured through the store on one emulated drive"
     if args.calibration:
-        import json
-
-        doc = json.loads(Path(args.calibration).read_text())
-        nd = int(doc.get("drives", {}).get("drives", 1)) or 1
-        s = doc["summary"]
-        model = replace(model, read_bw=s["raw_gbps_1m"] * 1e9 / nd, read_iops=s["raw_iops_4k"] / nd)
+        bw, iops, nd = rates_from_bench(json.loads(Path(args.calibration).read_text()))
+        model = replace(model, read_bw=bw, read_iops=iops)
         source = f"rates from {args.calibration} ({nd} drive(s)); latency measured"
     else:
         t = measured["bandwidth"]["throughput_Bps"]
