@@ -40,13 +40,19 @@ def max_payload(extent_bytes: int) -> int:
     return extent_bytes - HEADER_SIZE
 
 
+KEY_DIGEST = xxhash.xxh3_128_digest  # key_digest itself, for hot loops that skip the Python call
+
+
 def key_digest(key: bytes) -> bytes:
     """16-byte digest that identifies a key in headers and the catalog."""
-    return xxhash.xxh3_128_digest(key)
+    return KEY_DIGEST(key)
+
+
+PAYLOAD_CHECKSUM = xxhash.xxh3_64_intdigest  # payload_checksum itself, for hot loops
 
 
 def payload_checksum(payload) -> int:
-    return xxhash.xxh3_64_intdigest(payload)
+    return PAYLOAD_CHECKSUM(payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,13 +30,14 @@ from kvswarm.format import (
     HEADER_BODY,
     HEADER_SIZE,
     HEADER_TAIL,
+    KEY_DIGEST,
     MAGIC,
+    PAYLOAD_CHECKSUM,
     RESERVED,
     VERSION,
     extent_size,
     header_bytes,
     key_digest,
-    payload_checksum,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch
@@ -254,7 +255,7 @@ class KVStore:
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset
-        body, tail, h32, h3, write = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, payload_checksum, Op.WRITE
+        body, tail, h32, h3, write = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM, Op.WRITE
         place = self.placement.place
         staged: list[tuple[bytes, Entry, int]] = []
         reqs: list[IORequest] = []
@@ -360,27 +361,25 @@ class KVStore:
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes]) -> GetHandle:
-        return self.submit_get_digests([key_digest(k) for k in keys], keys)
+        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys)
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         found: list[tuple[int, bytes, Entry]] = []
-        total = 0
+        exts: list[tuple[int, int, int, int]] = []  # every extent to read, in order
         get = self.catalog.entries.get
         for i, digest in enumerate(digests):
             e = get(digest)
             if e is not None:
                 found.append((i, digest, e))
-                ext = e.extents
-                total += ext[0][2] if len(ext) == 1 else sum(x[2] for x in ext)
-        lease = self.pool.lease(total) if total else None
+                exts += e.extents
+        lease = self.pool.lease(sum([x[2] for x in exts])) if exts else None
         reqs: list[IORequest] = []  # one per extent, in catalog order: _finish_get walks them in step
         if lease is not None:
-            view, pos, read = lease.view, 0, Op.READ
-            for _, _, e in found:
-                for drv, off, ln, _ in e.extents:
-                    reqs.append(IORequest(drv, read, off, view[pos:pos + ln]))
-                    pos += ln
+            view, pos, read, req, add = lease.view, 0, Op.READ, IORequest, reqs.append
+            for drv, off, ln, _ in exts:
+                add(req(drv, read, off, view[pos:pos + ln]))
+                pos += ln
         live = reqs
         if not all(d.healthy for d in self.drives):
             live = []
@@ -410,29 +409,32 @@ class KVStore:
             # Headers are compared through the pool's mmap: slicing it yields bytes, which
             # compare far faster than memoryview slices do.
             mm, pos = lease.view.obj, lease.offset
-            body, tail, h32, h3 = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, payload_checksum
+            body, tail, h32, h3 = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM
+            magic, version, reserved, hs = MAGIC, VERSION, RESERVED, HEADER_SIZE
             k = 0
             for i, digest, e in found:
                 ext = e.extents
-                parts = len(ext)
-                plen = e.payload_len
-                if parts == 1:  # the common case, kept lean
+                if len(ext) == 1:  # the common case, kept lean
                     r = reqs[k]
                     k += 1
                     drv, _, ln, csum = ext[0]
-                    a, pos = pos, pos + ln
+                    a = pos
+                    pos += ln
                     if r.result != ln:
                         self._read_failed(r)
                         continue
-                    h = body(MAGIC, VERSION, 0, digest, plen, 0, 1, e.generation, csum, RESERVED)
-                    payload = r.buf[HEADER_SIZE:HEADER_SIZE + plen]
-                    if mm[a:a + HEADER_SIZE] == h + tail(h32(h)) and h3(payload) == csum:
+                    plen = e.payload_len
+                    h = body(magic, version, 0, digest, plen, 0, 1, e.generation, csum, reserved)
+                    payload = r.buf[hs:hs + plen]
+                    if mm[a:a + hs] == h + tail(h32(h)) and h3(payload) == csum:
                         views[i] = payload
                         hits += 1
                     else:
                         self.drives[drv].stats.misses += 1
                         corrupt += 1
                     continue
+                parts = len(ext)
+                plen = e.payload_len
                 chunks = []
                 remaining = plen
                 for part, (drv, _, ln, csum) in enumerate(ext):
