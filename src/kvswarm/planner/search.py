@@ -32,8 +32,15 @@ def pareto_front(projs: Sequence[Projection]) -> list[Projection]:
     return front
 
 
-def _rank_key(p: Projection, best_cost: float) -> tuple:
-    return (round(p.cost_per_mtok_usd / best_cost / TIE) if best_cost > 0 else 0, p.ttft_p90_s)
+def _rank(projs: Sequence[Projection]) -> list[Projection]:
+    """Best first: mixes within TIE of the lowest cost per Mtok by TTFT p90, then the rest by cost."""
+    if not projs:
+        return []
+    best = min(p.cost_per_mtok_usd for p in projs)
+    tied = [p for p in projs if p.cost_per_mtok_usd <= best * (1 + TIE)]
+    rest = [p for p in projs if p.cost_per_mtok_usd > best * (1 + TIE)]
+    return sorted(tied, key=lambda p: (p.ttft_p90_s, p.cost_per_mtok_usd)) + \
+        sorted(rest, key=lambda p: (p.cost_per_mtok_usd, p.ttft_p90_s))
 
 
 def _fails(p: Projection, budget: float | None, ttft_target: float | None) -> str | None:
@@ -89,8 +96,7 @@ def search(planner: Planner, mixes: Sequence[Mix], budget: float | None = None, 
     front = pareto_front(ok)
     if not ok:
         return SearchResult(screened, [], front, None, [], rejected)
-    best = min(p.cost_per_mtok_usd for p in ok)
-    ranked = sorted(ok, key=lambda p: _rank_key(p, best))
+    ranked = _rank(ok)
     if ttft_target is not None:
         # Candidates likely to meet the target first (the analytic TTFT has no queueing: optimistic).
         ranked.sort(key=lambda p: p.ttft_p90_s > ttft_target)
@@ -99,8 +105,8 @@ def search(planner: Planner, mixes: Sequence[Mix], budget: float | None = None, 
     for p in chosen:
         sims.append(planner.simulate(p, sim_requests))
         tick("simulate")
-    best = min(p.cost_per_mtok_usd for p in sims)
-    sims.sort(key=lambda p: (_fails(p, budget, ttft_target) is not None, _rank_key(p, best)))
+    sims = _rank([p for p in sims if _fails(p, budget, ttft_target) is None]) + \
+        _rank([p for p in sims if _fails(p, budget, ttft_target) is not None])
     rec = sims[0] if _fails(sims[0], budget, ttft_target) is None else None
     runners = []
     for p in sims[1:]:
