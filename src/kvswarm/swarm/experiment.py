@@ -263,13 +263,15 @@ class IOResult:
     entries_read: np.ndarray
     wanted: np.ndarray
     hits: np.ndarray  # DRAM cache hits (entries)
+    model_s: np.ndarray | None = None  # the same reads under the drive model (throttle arithmetic)
     plan_s: float = 0.0  # mean planning time per (step, layer)
     per_drive_bytes: np.ndarray | None = None  # [drives] totals
 
     def summary(self, drives: int, model: DriveModel, entry_bytes: int) -> dict:
         t = float(self.io_s.mean())
         bw = float(self.nbytes.sum() / max(self.io_s.sum(), 1e-12))
-        return {"io_ms": 1e3 * t, "mb_per_step": float(self.nbytes.mean() / 1e6),
+        return {"io_ms": 1e3 * t, "io_model_ms": 1e3 * float(self.model_s.mean()) if self.model_s is not None else t * 1e3,
+                "mb_per_step": float(self.nbytes.mean() / 1e6),
                 "reads_per_step": float(self.reads.mean()), "bandwidth_mbps": bw / 1e6,
                 "utilisation": bw / (drives * model.read_bps),
                 "read_amplification": float(self.entries_read.sum() / max(1, self.wanted.sum() - self.hits.sum())),
@@ -281,7 +283,7 @@ def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
                run: Callable[[int, np.ndarray, ReadPlan], float] | None, model: DriveModel) -> IOResult:
     """Plan (and with ``run``, execute) every eval step's reads, layer after layer."""
     e = len(sel.positions)
-    r = IOResult(*(np.zeros(e) for _ in range(6)))
+    r = IOResult(*(np.zeros(e) for _ in range(6)), model_s=np.zeros(e))
     pdb = np.zeros(rets[0].drives)
     plan_t = 0.0
     for i, row in enumerate(sel.positions):
@@ -289,6 +291,7 @@ def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
             t0 = time.perf_counter()
             plan = rets[layer].plan(pos, cache, layer)
             plan_t += time.perf_counter() - t0
+            r.model_s[i] += plan.makespan(model)
             r.io_s[i] += run(layer, pos, plan) if run is not None else plan.makespan(model)
             if cache is not None and run is None:
                 cache.after_read(layer, [p for p, _ in plan.reads], plan.cached_used)

@@ -39,8 +39,6 @@ class ClusterSelector(Selector):
                  subspaces: int = 2, pq: KMeansPQSelector | None = None) -> None:
         if score not in ("medoid", "pq") or pick not in ("density", "mass") or mode not in ("topk", "threshold"):
             raise ValueError(f"bad ClusterSelector options score={score!r} pick={pick!r} mode={mode!r}")
-        if clusters is None:
-            raise ValueError("ClusterSelector needs the clusters of each layer (from a co-activation profile)")
         self._source = clusters.__getitem__ if isinstance(clusters, dict) else clusters
         self.score, self.pick, self.mode, self.threshold = score, pick, mode, threshold
         # ``pq``: an index the caller already built over the same keys (shared with a PQ selector).
@@ -55,7 +53,15 @@ class ClusterSelector(Selector):
         self._overlap: dict[int, bool] = {}
         self.last: dict[int, np.ndarray] = {}
 
+    def bind(self, source) -> None:
+        """Without explicit clusters, use the ones a SwarmSequence stored the entries by."""
+        if self._source is None and hasattr(source, "layouts"):
+            self._source = lambda layer: source.layouts[layer].clusters
+
     def build(self, layer: int, keys: torch.Tensor, positions: np.ndarray) -> None:
+        if self._source is None:
+            raise ValueError("ClusterSelector needs each layer's clusters (a co-activation profile or a "
+                             "SwarmSequence to bind to)")
         cl = self._source(layer)
         positions = np.asarray(positions, np.int64)
         base = int(positions[0]) if len(positions) else 0

@@ -231,9 +231,11 @@ class UnitCache:
     def _key(self, layer: int, piece: int) -> Hashable:
         return (layer, piece)
 
-    def after_read(self, layer: int, read: list[int], used_cached: np.ndarray) -> None:
-        """Record the step's accesses (pieces read and cached pieces used), admit what the policy takes."""
+    def after_read(self, layer: int, read: list[int], used_cached: np.ndarray) -> list[tuple[int, int]]:
+        """Record the step's accesses (pieces read and cached pieces used), admit what the policy
+        takes; returns the (layer, piece) units evicted."""
         pol = self.policy
+        evicted: list[tuple[int, int]] = []
         for p in used_cached.tolist():
             pol.touch(self._key(layer, p))
         m = self.mask(layer, len(self.sizes[layer]))
@@ -246,4 +248,6 @@ class UnitCache:
                 for ev in pol.insert(k, s):
                     if ev != k:
                         self._mask[ev[0]][ev[1]] = False
+                        evicted.append(ev)
                 m[p] = k in pol
+        return evicted

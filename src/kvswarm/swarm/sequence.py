@@ -77,41 +77,46 @@ class _SwarmFetch(FetchHandle):
             with self.handle.wait() as res:
                 for (p, _), view in zip(self.reads, res.views):
                     n = len(pieces[p].positions)
-                    if view is None or len(view) != n * lay.entry_bytes:
+                    if view is None or len(view) != n * lay.entry_bytes:  # a wrong size is as bad as a bad checksum
                         missing_pieces += 1
                         continue
                     got[p] = np.frombuffer(view, dtype).reshape(n, *shape).copy()
-        io_s = time.perf_counter() - self.t0
+        io_s = time.perf_counter() - self.t0  # submit -> verified entries in DRAM
+        nbytes = sum(len(pieces[p].positions) for p in got) * lay.entry_bytes
         if self.is_prefetch:
             for p, rows in got.items():
-                self.seq.dram[(self.layer, p)] = rows
-                self.seq.prefetched.add((self.layer, p))
+                seq.dram[(self.layer, p)] = rows
+                seq.prefetched.add((self.layer, p))
             self._result = Fetched(torch.zeros(0), torch.zeros(0), np.zeros(0, np.int64), len(self.reads),
-                                   missing_pieces, sum(len(pieces[p].positions) for p in got) * lay.entry_bytes, io_s)
+                                   missing_pieces, nbytes, io_s)
             return self._result
-        self.seq.last = LayerStats(self.plan, io_s)
-        cache = self.seq.cache
-        if cache is not None:
-            cache.after_read(self.layer, [p for p, _ in self.plan.reads if p in got], self.plan.cached_used)
-            for p in got:  # what the cache took stays in DRAM
-                if cache.mask(self.layer, len(pieces))[p]:
-                    self.seq.dram[(self.layer, p)] = got[p]
-            self.seq._drop_evicted(self.layer)
+        seq.last = LayerStats(self.plan, io_s)
+        sources = list(got.items()) + [(p, seq.dram[(self.layer, p)]) for p in self.plan.cached_used.tolist()
+                                       if (self.layer, p) in seq.dram]
+        if seq.cache is not None:
+            evicted = seq.cache.after_read(self.layer, [p for p, _ in self.plan.reads if p in got],
+                                           self.plan.cached_used)
+            mask = seq.cache.mask(self.layer, len(pieces))
+            for p, rows in got.items():  # what the cache took stays in DRAM
+                if mask[p]:
+                    seq.dram[(self.layer, p)] = rows
+            for key in evicted:
+                if key not in seq.prefetched:
+                    seq.dram.pop(key, None)
         m = len(self.positions)
         out = np.zeros((m, *shape), dtype)
         have = np.zeros(m, bool)
-        slot = {int(x): i for i, x in enumerate(self.positions)}
-        sources = list(got.items()) + [(p, self.seq.dram[(self.layer, p)]) for p in self.plan.cached_used.tolist()
-                                       if (self.layer, p) in self.seq.dram]
-        for p, rows in sources:
-            for j, pos in enumerate(pieces[p].positions.tolist()):
-                i = slot.get(pos)
-                if i is not None and not have[i]:
-                    out[i] = rows[j]
-                    have[i] = True
+        if m and sources:
+            slot = np.full(seq.geometry.prompt_len, -1, np.int64)
+            slot[self.positions] = np.arange(m)
+            pos = np.concatenate([pieces[p].positions for p, _ in sources])
+            rows = np.concatenate([r for _, r in sources])
+            dst = slot[pos]
+            keep = dst >= 0
+            out[dst[keep]] = rows[keep]
+            have[dst[keep]] = True
         k, v = entries_to_kv(out, lay)
-        self._result = Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces,
-                               sum(len(pieces[p].positions) for p in got) * lay.entry_bytes, io_s)
+        self._result = Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces, nbytes, io_s)
         return self._result
 
 
@@ -189,13 +194,6 @@ class SwarmSequence(EntrySource):
         v._build_retrievers()
         return v
 
-    def _drop_evicted(self, layer: int) -> None:
-        if self.cache is None:
-            return
-        for key in [k for k in self.dram if k not in self.prefetched
-                    and not self.cache.mask(k[0], len(self.layouts[k[0]].pieces))[k[1]]]:
-            del self.dram[key]
-
     # ---- EntrySource ----
     def resident(self, layer):
         return self._resident[layer]
@@ -235,6 +233,15 @@ class SwarmSequence(EntrySource):
     def submit_plan(self, layer: int, positions: np.ndarray, plan: ReadPlan) -> _SwarmFetch:
         """Read an already computed plan (benchmarks time planning and I/O apart)."""
         return _SwarmFetch(self, layer, np.asarray(positions, np.int64), plan)
+
+    def groups(self, layer: int) -> list[np.ndarray]:
+        return [p.positions for p in self.layouts[layer].pieces]
+
+    def expand(self, layer: int, positions: np.ndarray) -> np.ndarray:
+        plan = self.retrievers[layer].plan(np.asarray(positions, np.int64))
+        pieces = self.layouts[layer].pieces
+        return np.unique(np.concatenate([np.asarray(positions, np.int64)] + [pieces[p].positions
+                                                                            for p, _ in plan.reads]))
 
     def object_count(self) -> int:
         return sum(lay.copies() for lay in self.layouts)
