@@ -262,6 +262,7 @@ class KVStore:
         pos = 0
         try:
             views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
+            allocs = [d.alloc for d in self.drives]
             gen0 = self.catalog.new_generations(len(items))
             for j, ((key, _), mv) in enumerate(zip(items, mvs)):
                 digest = key_digest(key)
@@ -281,7 +282,10 @@ class KVStore:
                     csum = h3(chunk)
                     h = body(MAGIC, VERSION, 0, digest, n, part, parts, gen, csum, RESERVED)
                     mm[a:a + HEADER_SIZE] = h + tail(h32(h))
-                    drv, off = self._alloc(targets[part], ext_len)
+                    drv = targets[part]
+                    off = allocs[drv].alloc(ext_len)
+                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
+                        drv, off = self._alloc(drv, ext_len)
                     exts.append((drv, off, ext_len, csum))
                     reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
                     pos += ext_len
