@@ -56,8 +56,8 @@ def _fails(p: Projection, budget: float | None, ttft_target: float | None) -> st
 def _why_lost(p: Projection, win: Projection) -> str:
     reasons = []
     dc = p.cost_per_mtok_usd / win.cost_per_mtok_usd - 1
-    if abs(dc) >= TIE:
-        reasons.append(f"{dc:+.1%} cost per Mtok")
+    if abs(dc) >= 5e-5:  # mixes above the cheapest + TIE lose on cost even when the gap to the winner is small
+        reasons.append(f"{dc:+.2%} cost per Mtok")
     if p.gpus != win.gpus:
         reasons.append(f"needs {p.gpus} GPUs vs {win.gpus}")
     dt = p.ttft_p90_s - win.ttft_p90_s
