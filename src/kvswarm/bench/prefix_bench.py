@@ -3,9 +3,10 @@
 1. **Trace replay** of the Mooncake FAST'25 conversation trace (12,031 requests, 512-token
    prefix-chained block ids).  Every request looks up its longest cached prefix, reads it
    (real O_DIRECT reads, every byte checked), and writes its missing blocks (real writes).
-   The per-block payload is scaled down (``--payload-kib``, default 16 KiB on disk per
-   512-token block; a real model's block is tens of MiB) so the whole trace fits this
-   machine; hit rates do not depend on the payload size.  Capacities are fractions of the
+   The per-block payload is scaled down (``--payload-kib``, default 4 KiB on disk per
+   512-token block - one extent; a real model's block is tens of MiB) so that a dozen
+   replays of the whole trace fit this machine's one shared disk; hit rates do not
+   depend on the payload size.  Capacities are fractions of the
    replayed window's distinct blocks.  Side by side at each SSD size: plain LRU on one
    drive (the baseline) and kvswarm's tiers (DRAM = SSD/10, SSD pool striped over
    ``--ssd-drives``, capacity pool = 3 x SSD), through the same TierManager code path;
@@ -73,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=None, help="replay only the first N requests (default: all)")
     p.add_argument("--sizes", default=None,
                    help="SSD capacities as fractions of the replayed distinct blocks (default 0.02,0.05,0.1,0.2)")
-    p.add_argument("--payload-kib", type=int, default=None, help="on-disk bytes per 512-token trace block (default 16)")
+    p.add_argument("--payload-kib", type=int, default=4, help="on-disk KiB per 512-token trace block (default 4)")
     p.add_argument("--ssd-drives", type=int, default=4, help="drives in the SSD pool")
     p.add_argument("--capacity-drives", type=int, default=2, help="drives in the capacity pool")
     p.add_argument("--prefix-tokens", type=int, default=4096, help="shared real-text prefix for the TTFT part")
@@ -214,7 +215,7 @@ def trace_part(args, root: Path, console, compute: ComputeModel | None) -> dict:
     reqs = load_trace(args.trace, limit)
     ideal, distinct = ideal_hit_rate(reqs)
     sizes = [float(x) for x in (args.sizes or ("0.05,0.2" if args.quick else "0.02,0.05,0.1,0.2")).split(",")]
-    payload = (args.payload_kib or (4 if args.quick else 16)) * KiB - 64  # one extent of that size on disk
+    payload = args.payload_kib * KiB - 64  # one extent of that size on disk
     demotion = "cost-aware" if compute is not None else "always"
     setups = []
     for f in sizes:
