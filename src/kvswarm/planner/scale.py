@@ -166,9 +166,15 @@ def _plot(series: dict, path: str, title: str) -> None:
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    # colour: host link; line: placement; marker: drive variant
+    links = sorted({s["link"] for s in series.values()})
+    drives = sorted({s["drive"] for s in series.values()})
+    placements = sorted({s["placement"] for s in series.values()})
     for name, s in series.items():
         xs = [p["drives"] for p in s["points"]]
-        ax.plot(xs, [p["gbps"] for p in s["points"]], "o-", ms=3, label=name)
+        ax.plot(xs, [p["gbps"] for p in s["points"]], ms=4, label=name, color=f"C{links.index(s['link'])}",
+                linestyle=["-", "--", ":", "-."][placements.index(s["placement"]) % 4],
+                marker="os^v"[drives.index(s["drive"]) % 4])
     ax.scatter([8], [SWARM_8_GBPS], marker="*", s=200, c="k", zorder=5, label="Swarm, 8 SSDs (reported)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("drives")
