@@ -14,6 +14,8 @@ read per step (from the drives' own counters), effective bandwidth, selector tim
 quality against the model's own in-memory decode of the same tokens: attention-mass recall
 (whole context, offloaded entries, vs the exact top-k of the same size), next-token
 agreement, perplexity of the held-out text.  The ratios printed are dense / sparse.
+Configurations take turns in rounds of ``--chunk`` steps (order rotated each round), so a
+change in the machine's background load during the run falls on all of them alike.
 
 Extension points (the co-activation issue adds to them, same harness): ``--selectors``
 takes any registered ``kvswarm.sparse`` selector, ``--groupings`` any registered
@@ -34,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
 
 MiB = 1 << 20
 QUICK = {"tokens": 1024, "steps": 8}
@@ -140,41 +143,69 @@ class RunResult:
     recall_per_layer: list[float] = field(default_factory=list)
 
 
-def decode_config(lm, seq, store, forced: Sequence[int], first_logits, ref_pred: Sequence[int], *, name: str,
-                  mode: str, selector=None, sparsity: float = 1.0, auditor=None, dense_layers=(),
-                  whole_pages: bool = False, build_s: float = 0.0, on_step=None) -> RunResult:
-    """Decode ``forced`` over ``seq`` with one configuration and measure it."""
-    from kvswarm.offload import DriveMeter, OffloadedKVCache, decode
-    from kvswarm.sparse.metrics import RecallStats, agreement
+class ConfigRun:
+    """One configuration decoding the forced tokens in chunks, so configurations can be interleaved
+    (round by round) and drift in the machine's background load falls on all of them alike."""
 
-    if auditor is not None:
-        auditor.stats, auditor.seconds = RecallStats(), 0.0
-    cache = OffloadedKVCache(seq, mode, selector, sparsity=sparsity, observers=[auditor] if auditor else [],
-                             dense_layers=dense_layers, build_index=False, whole_pages=whole_pages)
-    steps = len(forced) - 1
-    meter = DriveMeter(store)
-    out = decode(lm.model, cache, first_logits, steps, forced=forced, on_step=on_step)
-    per_drive = meter.delta()
-    t = cache.totals()
-    n = max(1, steps)
-    wall = sum(out.step_s) - (auditor.seconds if auditor else 0.0)
-    read_bytes = int(per_drive[:, 1].sum())
-    st = auditor.stats if auditor else None
-    return RunResult(
-        name=name, selector=selector.describe() if selector else "dense", sparsity=sparsity if selector else 1.0,
-        grouping=getattr(seq, "grouping", "memory"), steps=steps, budget=cache.budget,
-        io_ms_per_step=1e3 * t.io_s / n, select_ms_per_step=1e3 * t.select_s / n,
-        read_bytes_per_step=read_bytes / n, payload_bytes_per_step=t.payload_bytes / n, pages_per_step=t.pages / n,
-        entries_per_step=t.entries / n, read_gbps=read_bytes / t.io_s / 1e9 if t.io_s else 0.0,
-        decode_tok_s=steps / wall if wall > 0 else 0.0,
-        recall=st.mean("recall") if st and st.recall else 1.0,
-        recall_offloaded=st.mean("recall_offloaded") if st and st.recall else 1.0,
-        recall_vs_oracle=st.mean("recall_vs_oracle") if st and st.recall else 1.0,
-        agreement=agreement(out.predicted, ref_pred), ppl=out.perplexity(), misses=t.misses,
-        index_mib=(selector.index_bytes() / MiB) if selector else 0.0, build_s=build_s,
-        per_drive_read_bytes=per_drive[:, 1].tolist(), per_drive_read_ops=per_drive[:, 0].tolist(),
-        recall_per_layer=(st.per_layer("recall_offloaded", seq.layout.num_layers).round(4).tolist()
-                          if st and st.recall else []))
+    def __init__(self, lm, seq, store, forced: Sequence[int], first_logits, *, name: str, mode: str,
+                 selector=None, sparsity: float = 1.0, auditor=None, dense_layers=(), whole_pages: bool = False,
+                 build_s: float = 0.0) -> None:
+        from kvswarm.offload import OffloadedKVCache
+
+        self.lm, self.seq, self.store, self.forced = lm, seq, store, list(forced)
+        self.name, self.selector, self.sparsity, self.auditor, self.build_s = name, selector, sparsity, auditor, build_s
+        self.cache = OffloadedKVCache(seq, mode, selector, sparsity=sparsity, observers=[auditor] if auditor else [],
+                                      dense_layers=dense_layers, build_index=False, whole_pages=whole_pages)
+        self.steps = len(self.forced) - 1
+        self.done = 0
+        self.logits = first_logits
+        self.predicted: list[int] = []
+        self.logprob: list[float] = []
+        self.step_s: list[float] = []
+        self.per_drive = None
+
+    def advance(self, n: int, on_step=None) -> None:
+        from kvswarm.offload import DriveMeter, decode
+
+        k = min(n, self.steps - self.done)
+        if k <= 0:
+            return
+        meter = DriveMeter(self.store)
+        out = decode(self.lm.model, self.cache, self.logits, k, forced=self.forced[self.done:self.done + k + 1],
+                     on_step=on_step)
+        delta = meter.delta()
+        self.per_drive = delta if self.per_drive is None else self.per_drive + delta
+        self.predicted += out.predicted
+        self.logprob += out.logprob_next
+        self.step_s += out.step_s
+        self.logits = out.last_logits
+        self.done += k
+
+    def result(self, ref_pred: Sequence[int]) -> RunResult:
+        from kvswarm.sparse.metrics import agreement
+
+        t = self.cache.totals()
+        n = max(1, self.done)
+        wall = sum(self.step_s) - (self.auditor.seconds if self.auditor else 0.0)
+        per_drive = self.per_drive if self.per_drive is not None else [[0, 0]] * len(self.store.drives)
+        read_bytes = int(sum(d[1] for d in per_drive))
+        st = self.auditor.stats if self.auditor and self.auditor.stats.recall else None
+        sel = self.selector
+        return RunResult(
+            name=self.name, selector=sel.describe() if sel else "dense", sparsity=self.sparsity if sel else 1.0,
+            grouping=getattr(self.seq, "grouping", "memory"), steps=self.done, budget=self.cache.budget,
+            io_ms_per_step=1e3 * t.io_s / n, select_ms_per_step=1e3 * t.select_s / n,
+            read_bytes_per_step=read_bytes / n, payload_bytes_per_step=t.payload_bytes / n,
+            pages_per_step=t.pages / n, entries_per_step=t.entries / n,
+            read_gbps=read_bytes / t.io_s / 1e9 if t.io_s else 0.0, decode_tok_s=self.done / wall if wall > 0 else 0.0,
+            recall=st.mean("recall") if st else 1.0, recall_offloaded=st.mean("recall_offloaded") if st else 1.0,
+            recall_vs_oracle=st.mean("recall_vs_oracle") if st else 1.0,
+            agreement=agreement(self.predicted, ref_pred),
+            ppl=float(np.exp(-np.mean(self.logprob))) if self.logprob else float("nan"), misses=t.misses,
+            index_mib=(sel.index_bytes() / MiB) if sel else 0.0, build_s=self.build_s,
+            per_drive_read_bytes=[int(d[1]) for d in per_drive], per_drive_read_ops=[int(d[0]) for d in per_drive],
+            recall_per_layer=(st.per_layer("recall_offloaded", self.seq.layout.num_layers).round(4).tolist()
+                              if st else []))
 
 
 # ---- the benchmark ------------------------------------------------------------------------------
@@ -199,6 +230,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default="pydoc", help="corpus source of the prompt: pydoc, man, licenses")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--chunk", type=int, default=4,
+                   help="steps per configuration per round; configurations take turns round by round")
     p.add_argument("--quick", action="store_true", help="reduced run (1K-token prompt, 8 steps): a few minutes")
     p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) here; plot beside it")
 
@@ -245,14 +278,13 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                                   "model": lm.model_id, "kv_dtype": lm.layout.dtype,
                                   "threads": torch.get_num_threads()},
                  "prefill_s": pf.seconds, "runs": []}
-    runs: list[RunResult] = []
     with open_drives(args.drives, args.drive_mode, need // args.drives + (64 << 20), args.dir) as drives:
         console.print(f"drives: {drives.describe}")
         out["drives"] = drives.info
         store = drives.open_store(need // args.drives + (64 << 20), backend=args.backend,
                                   placement=args.placement)
-        ref = None
         try:
+            configs: list[ConfigRun] = []
             for grouping in cfg["groupings"]:
                 t0 = time.perf_counter()
                 seq = StoreSequence.create(store, kv, doc.prompt_ids, lm.layout, sinks=args.sinks,
@@ -263,39 +295,37 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                               f"{seq.tables[0].pages[0].size} entries over {args.drives} drives in {wsec:.1f} s "
                               f"({wbytes / wsec / 1e9:.2f} GB/s written so far)")
                 out.setdefault("offload", {})[seq.grouping] = {"seconds": wsec, "pages": seq.object_count()}
-                if ref is None:  # the model's own decode, KV in memory: the quality reference
-                    ref = decode(lm.model, pf.cache, pf.logits, len(forced) - 1, forced=forced)
-                    out["reference"] = {"ppl": ref.perplexity(), "tok_s": ref.tokens_per_s}
                 auditor = QualityAuditor(seq)
-                plan = [("dense", None, 1.0)] if not runs else []
+                suffix = f"/{seq.grouping}" if len(cfg["groupings"]) > 1 else ""
+                if not configs:
+                    configs.append(ConfigRun(lm, seq, store, forced, pf.logits, name="dense", mode="dense"))
                 for name in cfg["selectors"]:
-                    plan += [(name, name, s) for s in cfg["sparsity"]]
-                with Progress(TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), console=console, transient=True) as prog:
-                    built: dict = {}
-                    for label, sel_name, sp in plan:
-                        sel, build_s = None, 0.0
-                        if sel_name is not None:
-                            if sel_name not in built:
-                                sel = make_selector(sel_name)
-                                sel.bind(seq)
-                                t0 = time.perf_counter()
-                                with small_ops():
-                                    for layer in range(lm.layout.num_layers):
-                                        sel.build(layer, seq.offloaded_keys(layer), seq.geometry.offloaded)
-                                built[sel_name] = (sel, time.perf_counter() - t0)
-                            sel, build_s = built[sel_name]
-                        task = prog.add_task(f"{label}@{sp:g} ({seq.grouping})", total=len(forced) - 1)
-                        r = decode_config(lm, seq, store, forced, pf.logits, ref.predicted,
-                                          name=label if sel is None else f"{label}@{sp:g}",
-                                          mode="dense" if sel is None else "sparse", selector=sel, sparsity=sp,
-                                          auditor=auditor, dense_layers=cfg["dense_layers"],
-                                          whole_pages=args.whole_pages, build_s=build_s,
-                                          on_step=lambda i, t=task: prog.advance(t))
-                        if len(cfg["groupings"]) > 1:
-                            r.name += f"/{seq.grouping}"
-                        runs.append(r)
-                        prog.remove_task(task)
+                    sel = make_selector(name)
+                    sel.bind(seq)
+                    t0 = time.perf_counter()
+                    with small_ops():
+                        for layer in range(lm.layout.num_layers):
+                            sel.build(layer, seq.offloaded_keys(layer), seq.geometry.offloaded)
+                    build_s = time.perf_counter() - t0
+                    for sp in cfg["sparsity"]:
+                        configs.append(ConfigRun(lm, seq, store, forced, pf.logits, name=f"{name}@{sp:g}{suffix}",
+                                                 mode="sparse", selector=sel, sparsity=sp, auditor=auditor.fork(),
+                                                 dense_layers=cfg["dense_layers"], whole_pages=args.whole_pages,
+                                                 build_s=build_s))
+            # The model's own decode, KV in memory: the quality reference (after offloading, which
+            # reads the prefill KV this decode extends).
+            ref = decode(lm.model, pf.cache, pf.logits, len(forced) - 1, forced=forced)
+            out["reference"] = {"ppl": ref.perplexity(), "tok_s": ref.tokens_per_s}
+            steps = len(forced) - 1
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as prog:
+                task = prog.add_task(f"{len(configs)} configurations, rounds of {args.chunk} steps",
+                                     total=steps * len(configs))
+                for r in range(-(-steps // args.chunk)):
+                    k = r % len(configs)  # rotate the order: no configuration always runs first
+                    for c in configs[k:] + configs[:k]:
+                        c.advance(args.chunk, on_step=lambda i: prog.advance(task))
+            runs = [c.result(ref.predicted) for c in configs]
         finally:
             out["store"] = store.stats()
             store.close()

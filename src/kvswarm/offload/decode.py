@@ -61,6 +61,7 @@ class DecodeResult:
     logprob_next: list[float] = field(default_factory=list)  # log p(next forced token) after each step
     step_s: list[float] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # kept when keep_logits
+    last_logits: torch.Tensor | None = None  # to continue decoding with another decode() call
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +107,7 @@ def decode(model, cache, first_logits: torch.Tensor, steps: int, *, forced: Sequ
                 res.logits.append(logits)
             if on_step is not None:
                 on_step(i)
+    res.last_logits = logits
     return res
 
 

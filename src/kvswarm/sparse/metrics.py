@@ -50,6 +50,12 @@ class QualityAuditor:
         self.stats = RecallStats()
         self.seconds = 0.0
 
+    def fork(self) -> QualityAuditor:
+        """A new auditor with its own statistics sharing this one's keys (one per configuration)."""
+        other = object.__new__(QualityAuditor)
+        other._pos, other._keys, other.stats, other.seconds = self._pos, self._keys, RecallStats(), 0.0
+        return other
+
     def on_select(self, q: StepQuery, sel: Selection) -> None:
         t0 = time.perf_counter()
         off = gqa_logits(q.query, self._keys[q.layer], q.scale)
