@@ -108,7 +108,7 @@ class JobRunner:
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"jobs {sorted(want - got.keys())} did not finish")
                 self.tier.on_schedule_end(_END)
-                time.sleep(0.0002)
+                time.sleep(0.0005)  # about a scheduler step: vLLM polls tiers once per step
         return got
 
     def run(self, keys: Sequence[OffloadKey], chunks: Sequence[int], load: bool) -> JobResult:
@@ -133,6 +133,6 @@ class JobRunner:
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"{len(todo)} lookups still RETRY")
                 self.tier.on_schedule_end(_END)
-                time.sleep(0.0002)
+                time.sleep(0.0005)  # about a scheduler step: vLLM polls tiers once per step
         self.tier.on_request_finished(self.ctx)
         return out  # type: ignore[return-value]

@@ -111,7 +111,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  backend: str = "threads", queue_depth: int = 32, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
-                 max_inflight_jobs: int = 16,
+                 max_inflight_jobs: int = 16, max_batch_bytes: int = 64 << 20,
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -127,6 +127,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
         self.durable = durable
         self.flush_interval = flush_interval
+        self.max_batch_bytes = max_batch_bytes  # smaller batches: copy-out of one overlaps reads of the next
         self._events: list[OffloadingEvent] | None = (
             [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
         self._max_inflight = max(1, max_inflight_jobs)
@@ -249,7 +250,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         per_key = self.block_size_bytes + (1 << 16)  # payload + headers/alignment, generously
         while j.pos < len(j.keys):
             room = pool.capacity - pool.in_use
-            n = min(len(j.keys) - j.pos, max(1, room // per_key))
+            n = min(len(j.keys) - j.pos, max(1, room // per_key), max(1, self.max_batch_bytes // per_key))
             if room < per_key and not (force and not j.batches):
                 return
             start, end = j.pos, j.pos + n
