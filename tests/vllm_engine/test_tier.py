@@ -142,3 +142,34 @@ def test_jobs_larger_than_the_buffer_pool_run_in_batches(drives, primary):
     for i in range(CHUNKS):
         assert np.array_equal(primary.chunk(CHUNKS - 1 - i), data[i])
     tier.shutdown()
+
+
+def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
+    per_drive = 4 * (LAYOUT.block_bytes + 4096) + 4096  # room for 4 chunks on each of 3 drives: 12
+    data = fill(primary, range(CHUNKS))
+    keys = keys_for(CHUNKS)
+    tier = open_tier(drives, primary, capacity_per_drive=per_drive)
+    assert tier.residency.capacity == 12
+    run = JobRunner(tier)
+    for i in range(0, 8):  # 8 chunks, one job each
+        assert run.run(keys[i:i + 1], [i], load=False).success
+    assert run.lookup(keys[:2]) == [LookupResult.HIT] * 2  # 0 and 1 are now the most recent
+    for i in range(8, 14):  # 6 more: 14 > 12, so the two least recent (2, 3) go
+        assert run.run(keys[i:i + 1], [i], load=False).success
+    assert len(tier.store) == 12
+    assert run.lookup(keys[:14]) == [LookupResult.HIT] * 2 + [LookupResult.MISS] * 2 + [LookupResult.HIT] * 10
+    primary.mm[:] = bytes(len(primary.mm))
+    assert run.run(keys[:2] + keys[4:14], list(range(12)), load=True).success
+    for slot, i in enumerate([0, 1] + list(range(4, 14))):
+        assert np.array_equal(primary.chunk(slot), data[i])
+    tier.shutdown()
+
+    tier = open_tier(drives, primary, capacity_per_drive=per_drive)  # restart: 12 chunks of unknown keys
+    run = JobRunner(tier)
+    assert tier.residency.unknown == 12
+    assert run.lookup(keys[4:8]) == [LookupResult.HIT] * 4  # adopted: now they can be evicted
+    fill(primary, range(14, 18), seed=1)
+    assert run.run(keys[14:18], range(14, 18), load=False).success
+    assert run.lookup(keys[4:8]) == [LookupResult.MISS] * 4  # the only known victims
+    assert run.lookup(keys[14:18]) == [LookupResult.HIT] * 4
+    tier.shutdown()

@@ -16,6 +16,7 @@ lookup is a miss (never wrong KV, never a promotion loop).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -36,9 +37,10 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvswarm.integrations.keys import KeySpace, layout_dtype
-from kvswarm.format import extent_size
+from kvswarm.format import HEADER_SIZE, extent_size
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
+from kvswarm.tiers.eviction import make_eviction
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -76,6 +78,40 @@ def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = N
                     tokens_per_block=tokens, model_id=ident)
 
 
+class Residency:
+    """Which chunks stay on the pool when it is full: a :mod:`kvswarm.tiers` eviction policy over
+    store keys, counted in chunks (all chunks of one engine are the same size).
+
+    Chunks already in the store when the tier opens (an earlier process wrote them) count
+    against the capacity, but their keys are unknown until a lookup meets them; until then
+    they cannot be chosen as victims, and they shrink the policy's room.
+    """
+
+    def __init__(self, policy: str, capacity: int, existing: int) -> None:
+        self.capacity = capacity
+        self.unknown = min(existing, capacity)
+        self.policy = make_eviction(policy, capacity - self.unknown)
+        self._lock = threading.Lock()
+
+    def seen(self, key: bytes) -> list[bytes]:
+        """A lookup hit: refresh ``key``, adopting it if an earlier process stored it."""
+        with self._lock:
+            if self.policy.touch(key):
+                return []
+            if self.unknown:
+                self.unknown -= 1
+            return self.policy.resize(self.capacity - self.unknown) + self.policy.insert(key)
+
+    def admit(self, key: bytes) -> list[bytes]:
+        """A chunk about to be written; returns the victims (possibly ``key`` itself)."""
+        with self._lock:
+            return self.policy.insert(key)
+
+    def forget(self, key: bytes) -> None:
+        with self._lock:
+            self.policy.remove(key)
+
+
 @dataclass
 class _Job:
     """One vLLM job, run as one or more store batches (so no job outgrows the buffer pool)."""
@@ -111,7 +147,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  backend: str = "threads", queue_depth: int = 32, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
-                 max_inflight_jobs: int = 16, max_batch_bytes: int = 64 << 20,
+                 max_inflight_jobs: int = 16, max_batch_bytes: int = 64 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -136,6 +172,10 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._pending = 0  # jobs queued or in flight, for drain_jobs
         self._idle = threading.Condition()
         self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
+        self._victims: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # evicted by lookups, deleted by the driver
+        self._delete_after_write: set[bytes] = set()
+        self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
+        self._evicted_since_flush = 0
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -147,7 +187,12 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         # The catalog is in memory: a lookup is a dict probe, even right after a restart.
-        return LookupResult.HIT if self.store.contains(self.keyspace.key(key)) else LookupResult.MISS
+        sk = self.keyspace.key(key)
+        if not self.store.contains(sk):
+            return LookupResult.MISS
+        for victim in self.residency.seen(sk):
+            self._victims.put(victim)
+        return LookupResult.HIT
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._enqueue(job_metadata, load=False)
@@ -191,6 +236,16 @@ class KVSwarmTierManager(SecondaryTierManager):
     def get_stats(self):
         return None
 
+    def _capacity_chunks(self) -> int:
+        """Chunks the pool holds: whole objects per drive (extents of one size never fragment)."""
+        unit = self.store.config.stripe_unit - HEADER_SIZE
+        bs = self.block_size_bytes
+        parts = -(-bs // unit)
+        per_object = (parts - 1) * extent_size(unit) + extent_size(bs - (parts - 1) * unit)
+        if parts == 1:
+            return sum((d.capacity - d.data_start) // per_object for d in self.store.drives)
+        return sum(d.capacity - d.data_start for d in self.store.drives) // per_object
+
     def _enqueue(self, job: TransferJob, load: bool) -> None:
         keys = list(job.keys)
         bs = self.block_size_bytes
@@ -217,6 +272,11 @@ class KVSwarmTierManager(SecondaryTierManager):
                     active.append(item)
             except queue.Empty:
                 pass
+            victims = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    victims.append(self._victims.get_nowait())
+            self._evict(victims)
             for j in active:
                 self._submit_batches(j, force=not any(x.batches for x in active))
             progressed = False
@@ -276,11 +336,18 @@ class KVSwarmTierManager(SecondaryTierManager):
             if sk in self._writing or self.store.contains(sk):
                 skipped.append(i)  # already stored, or being stored by another job
                 continue
+            victims = self.residency.admit(sk)
+            if sk in victims:  # the policy keeps nothing of this size right now: not stored, not an error
+                skipped.append(i)
+                continue
+            self._evict(victims)
             items.append((sk, self._flat[j.offsets[i]:j.offsets[i] + bs]))
         for i in skipped:
             j.ok[i] = True
         if not items:
             return None, []
+        if self._evicted_since_flush:
+            self._flush()  # deleted extents become reusable at a flush
         handle = self.store.submit_put(items)
         put = [k for k, _ in items]
         self._writing.update(put)
@@ -296,22 +363,39 @@ class KVSwarmTierManager(SecondaryTierManager):
                         self._flat[j.offsets[i]:j.offsets[i] + bs] = view
                         j.ok[i] = True
                     else:  # corrupt, torn, on a failed drive: forget it so vLLM recomputes
-                        self.store.delete(self.keyspace.key(j.keys[i]))
+                        sk = self.keyspace.key(j.keys[i])
+                        self.store.delete(sk)
+                        self.residency.forget(sk)
             finally:
                 result.release()
             return
         keys = [self.keyspace.key(j.keys[i]) for i in range(start, end)]
         oks = dict(zip(put, handle.wait()))
         self._writing.difference_update(put)
+        for k, ok in oks.items():
+            if not ok:
+                self.residency.forget(k)
+        self._evict([k for k in put if k in self._delete_after_write])
         for i, k in zip(range(start, end), keys):
             if k in oks:
                 j.ok[i] = oks[k]
                 if oks[k]:
                     j.written.add(k)
 
+    def _evict(self, victims: list[bytes]) -> None:
+        """Delete evicted chunks (driver thread); one still being written goes once its write ends."""
+        for v in victims:
+            if v in self._writing:
+                self._delete_after_write.add(v)
+                continue
+            self._delete_after_write.discard(v)
+            if self.store.delete(v):
+                self._evicted_since_flush += 1
+
     def _flush(self) -> None:
         try:
             self.store.flush()
+            self._evicted_since_flush = 0
         except Exception:
             log.exception("kvswarm tier: flush failed")
 
