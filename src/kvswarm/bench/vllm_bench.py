@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
         if not args.no_testbed:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
-            results["eight_drives"] = eight_drives(256 * KiB, (128 if quick else 512) * MiB, args.kv_backend, rounds,
+            results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend, rounds,
                                                    console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
