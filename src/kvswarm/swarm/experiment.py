@@ -280,19 +280,23 @@ class IOResult:
 
 
 def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
-               run: Callable[[int, np.ndarray, ReadPlan], float] | None, model: DriveModel) -> IOResult:
-    """Plan (and with ``run``, execute) every eval step's reads, layer after layer."""
+               run: Callable[[list[tuple[int, np.ndarray, ReadPlan]]], float] | None,
+               model: DriveModel) -> IOResult:
+    """Plan every eval step's reads (all layers; the cache is keyed by layer, so a layer's plan only
+    depends on earlier steps) and, with ``run``, execute them; without, cost them with ``model``
+    (layer after layer: the sum of each layer's slowest drive)."""
     e = len(sel.positions)
     r = IOResult(*(np.zeros(e) for _ in range(6)), model_s=np.zeros(e))
     pdb = np.zeros(rets[0].drives)
     plan_t = 0.0
     for i, row in enumerate(sel.positions):
+        plans = []
         for layer, pos in enumerate(row):
             t0 = time.perf_counter()
             plan = rets[layer].plan(pos, cache, layer)
             plan_t += time.perf_counter() - t0
+            plans.append((layer, pos, plan))
             r.model_s[i] += plan.makespan(model)
-            r.io_s[i] += run(layer, pos, plan) if run is not None else plan.makespan(model)
             if cache is not None and run is None:
                 cache.after_read(layer, [p for p, _ in plan.reads], plan.cached_used)
             r.nbytes[i] += sum(plan.nbytes)
@@ -301,6 +305,7 @@ def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
             r.wanted[i] += plan.wanted
             r.hits[i] += plan.dram_hits
             pdb += plan.per_drive_bytes
+        r.io_s[i] = run(plans) if run is not None else r.model_s[i]
         if cache is not None and hasattr(cache.policy, "tick"):
             cache.policy.tick()
     r.plan_s = plan_t / max(1, e * len(rets))

@@ -143,6 +143,17 @@ class Retriever:
         return ReadPlan(list(zip(pieces.tolist(), copy)), drive_of, nb.tolist(), n_wanted, hits,
                         int(self.sizes[pieces].sum()), pdb, pdr, used)
 
+    def plan_pieces(self, pieces: np.ndarray) -> ReadPlan:
+        """Reads of whole ``pieces`` (a prefetch), copies assigned like any plan."""
+        pieces = np.asarray(pieces, np.int64)
+        copy = self._assign(pieces)
+        drive_of = [self.copy_drives[p][c] for p, c in zip(pieces, copy)]
+        nb = self.extent[pieces]
+        return ReadPlan(list(zip(pieces.tolist(), copy)), drive_of, nb.tolist(), 0, 0, int(self.sizes[pieces].sum()),
+                        np.bincount(drive_of, weights=nb, minlength=self.drives) if len(pieces) else np.zeros(self.drives),
+                        np.bincount(drive_of, minlength=self.drives).astype(float) if len(pieces)
+                        else np.zeros(self.drives))
+
     # ---- replica assignment ----
     def _assign(self, pieces: np.ndarray) -> list[int]:
         n = len(pieces)

@@ -216,11 +216,7 @@ class SwarmSequence(EntrySource):
         waited for, the next ``plan`` of that layer counts them as in DRAM."""
         r = self.retrievers[layer]
         held = self.cache.mask(layer, len(r.sizes)) if self.cache is not None else np.zeros(len(r.sizes), bool)
-        pieces = np.asarray([p for p in pieces if not held[p]], np.int64)
-        copy = r._assign(pieces)
-        drive_of = [r.copy_drives[p][c] for p, c in zip(pieces, copy)]
-        plan = ReadPlan(list(zip(pieces.tolist(), copy)), drive_of, r.extent[pieces].tolist(), 0, 0,
-                        int(r.sizes[pieces].sum()))
+        plan = r.plan_pieces(np.asarray([p for p in pieces if not held[p]], np.int64))
         return _SwarmFetch(self, layer, np.zeros(0, np.int64), plan, prefetch=True)
 
     def release_prefetched(self, layer: int) -> None:
