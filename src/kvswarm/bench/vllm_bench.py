@@ -318,13 +318,16 @@ def disk_reads() -> int:
 
 
 def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dict:
-    """Store ``n`` blocks in each tier, then per round: drop caches, open a new tier, look every block up."""
+    """Store ``n`` blocks in each tier, then per round: drop caches, open a new tier, look every block up.
+
+    Device reads are counted machine-wide (/proc/diskstats): on a shared machine others' reads count too.
+    """
     bench = Bench(layout_for(4 * KiB), n)
     kv_dir = os.path.join(root, "kv-lookup")
     os.makedirs(kv_dir)
     configs = {"fs": fs_config(os.path.join(root, "fs-lookup")),
                "kvswarm": kv_config([kv_dir], backend, n * 8 * KiB + 64 * MiB)}
-    samples: dict[str, list[tuple[float, int, int]]] = {name: [] for name in configs}
+    samples: dict[str, list[tuple]] = {name: [] for name in configs}
     try:
         for cfg in configs.values():
             run = bench.open(cfg)
@@ -338,16 +341,18 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dic
                 found = run.lookup(bench.keys)
                 dt = time.perf_counter() - t0
                 reads = disk_reads() - r0
+                catalog_s = getattr(getattr(run.tier, "store", None), "reopen_seconds", None)
                 run.tier.shutdown()
-                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found)))
+                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found), catalog_s))
     finally:
         bench.close()
         shutil.rmtree(kv_dir, ignore_errors=True)
         shutil.rmtree(os.path.join(root, "fs-lookup"), ignore_errors=True)
     out: dict = {"blocks": n, "rounds": rounds}
     for name, xs in samples.items():
-        dt, reads, hits = sorted(xs)[len(xs) // 2]  # the median round
-        out[name] = {"seconds": dt, "device_reads": reads, "hits": hits, "seconds_rounds": [x[0] for x in xs]}
+        dt, reads, hits, catalog_s = sorted(xs, key=lambda x: x[0])[len(xs) // 2]  # the median round
+        out[name] = {"seconds": dt, "device_reads": reads, "hits": hits, "seconds_rounds": [x[0] for x in xs],
+                     "catalog_load_s": catalog_s}
         console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median), {reads} device reads, "
                       f"{hits} hits")
     return out

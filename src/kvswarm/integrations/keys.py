@@ -10,6 +10,7 @@ derived, so a restarted engine finds what an earlier process wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import xxhash
 
@@ -31,7 +32,7 @@ class KeySpace:
     def of(cls, namespace: str, layout: KVLayout, tenant: str | None = None) -> KeySpace:
         return cls(namespace.encode(), layout.fingerprint(), tenant_salt(tenant))
 
-    @property
+    @cached_property
     def prefix(self) -> bytes:
         return self.namespace + b"\0" + self.fingerprint + self.salt
 
