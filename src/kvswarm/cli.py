@@ -11,6 +11,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("kvswarm.demo", "run the main job on an embedded default (temp drives, real model)"),
     "stats": ("kvswarm.stats_cli", "print a store's per-drive metrics (table, JSON or prometheus text)"),
+    "trace": ("kvswarm.traces", "record activation traces of the real model decoding real texts"),
     "plan": ("kvswarm.planner.cli", "project performance and cost; recommend a DRAM/SSD/HDD mix"),
 }
 BENCHES: dict[str, tuple[str, str]] = {

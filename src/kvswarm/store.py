@@ -78,7 +78,8 @@ class StoreConfig:
 class GetResult:
     """Payload views for the requested keys (``None`` = miss), backed by one buffer lease.
 
-    Views stay valid until :meth:`release`.  An object made of several extents is
+    Views stay valid until :meth:`release`; drop numpy arrays or tensors made from them first
+    (a buffer still exported by one makes ``release`` raise ``BufferError``).  An object made of several extents is
     returned as a fresh contiguous copy (its parts are not adjacent in the lease).
     """
 

@@ -70,8 +70,7 @@ def record_traces(out_dir: str | Path, *, tokens: int = 4096, steps: int = 128, 
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvswarm.traces", description=__doc__.strip().splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out_dir", nargs="?", default="results/traces")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--steps", type=int, default=128)
@@ -82,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     paths = record_traces(a.out_dir, tokens=a.tokens, steps=a.steps, count=a.count,
                           sources=a.sources.split(",") if a.sources else None, sparsity=a.sparsity, sinks=a.sinks,
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvswarm.traces", description=__doc__.strip().splitlines()[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":
