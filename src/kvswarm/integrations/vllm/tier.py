@@ -84,32 +84,29 @@ class Residency:
 
     Chunks already in the store when the tier opens (an earlier process wrote them) count
     against the capacity, but their keys are unknown until a lookup meets them; until then
-    they cannot be chosen as victims, and they shrink the policy's room.
+    they cannot be chosen as victims, and they shrink the policy's room.  Used by the driver
+    thread only.
     """
 
     def __init__(self, policy: str, capacity: int, existing: int) -> None:
         self.capacity = capacity
         self.unknown = min(existing, capacity)
         self.policy = make_eviction(policy, capacity - self.unknown)
-        self._lock = threading.Lock()
 
     def seen(self, key: bytes) -> list[bytes]:
         """A lookup hit: refresh ``key``, adopting it if an earlier process stored it."""
-        with self._lock:
-            if self.policy.touch(key):
-                return []
-            if self.unknown:
-                self.unknown -= 1
-            return self.policy.resize(self.capacity - self.unknown) + self.policy.insert(key)
+        if self.policy.touch(key):
+            return []
+        if self.unknown:
+            self.unknown -= 1
+        return self.policy.resize(self.capacity - self.unknown) + self.policy.insert(key)
 
     def admit(self, key: bytes) -> list[bytes]:
         """A chunk about to be written; returns the victims (possibly ``key`` itself)."""
-        with self._lock:
-            return self.policy.insert(key)
+        return self.policy.insert(key)
 
     def forget(self, key: bytes) -> None:
-        with self._lock:
-            self.policy.remove(key)
+        self.policy.remove(key)
 
 
 @dataclass
@@ -172,7 +169,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._pending = 0  # jobs queued or in flight, for drain_jobs
         self._idle = threading.Condition()
         self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
-        self._victims: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # evicted by lookups, deleted by the driver
+        self._seen: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # lookup hits, for the eviction policy
         self._delete_after_write: set[bytes] = set()
         self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
         self._evicted_since_flush = 0
@@ -190,8 +187,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         sk = self.keyspace.key(key)
         if not self.store.contains(sk):
             return LookupResult.MISS
-        for victim in self.residency.seen(sk):
-            self._victims.put(victim)
+        self._seen.put(sk)  # recency is the driver's business: the scheduler thread only queues
         return LookupResult.HIT
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -272,11 +268,9 @@ class KVSwarmTierManager(SecondaryTierManager):
                     active.append(item)
             except queue.Empty:
                 pass
-            victims = []
             with contextlib.suppress(queue.Empty):
                 while True:
-                    victims.append(self._victims.get_nowait())
-            self._evict(victims)
+                    self._evict(self.residency.seen(self._seen.get_nowait()))
             for j in active:
                 self._submit_batches(j, force=not any(x.batches for x in active))
             progressed = False
