@@ -12,7 +12,7 @@ def test_bench_sparse_small_run(lm, tmp_path):
 
     out = tmp_path / "b.json"
     args = build_parser().parse_args(
-        ["bench", "sparse", "--tokens", "128", "--steps", "3", "--selectors", "oracle,blocks", "--sparsity", "0.25",
+        ["bench", "sparse", "--mode", "decode", "--tokens", "128", "--steps", "3", "--selectors", "oracle,blocks", "--sparsity", "0.25",
          "--drives", "2", "--drive-mode", "temp", "--dir", str(tmp_path), "--window", "16", "--chunk", "2",
          "--json", str(out)])
     # Two rounds of interleaved configurations: the dense restore must still match the reference exactly.

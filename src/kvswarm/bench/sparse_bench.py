@@ -1,6 +1,14 @@
-"""Sparse decode from offloaded KV: dense restore vs each sparse selector, in one run.
+"""Sparse decode from offloaded KV, in two modes (``--mode``):
 
-One real-text prompt (held-out continuation kept for scoring) is prefilled once by the real
+* ``swarm`` (default): co-activation placement and retrieval (the Swarm core) against the paper's
+  baselines -- token top-k, fixed blocks, k-means keys, RAID-0 without co-activation, Swarm as
+  published (+ no-balance / no-dedup) and kvswarm's best -- on real activation traces and real KV
+  of SmolLM2 over several real texts, with 1/2/4/8 emulated drives; see
+  :mod:`kvswarm.bench.swarm_bench` and docs/swarm.md.
+* ``decode``: dense restore vs each sparse selector decoding through the offloaded cache (the
+  first version, below).
+
+Decode mode.  One real-text prompt (held-out continuation kept for scoring) is prefilled once by the real
 model; its KV is offloaded once per grouping to the same drives; then every configuration
 decodes the same continuation, teacher-forced, through the same production code path
 (``OffloadedKVCache`` + ``KVStore``):
@@ -210,6 +218,14 @@ class ConfigRun:
 
 # ---- the benchmark ------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvswarm.bench import swarm_bench
+
+    p.add_argument("--mode", choices=["swarm", "decode"], default="swarm",
+                   help="swarm: co-activation placement vs the paper's baselines over 1-8 drives (the full "
+                        "benchmark); decode: dense restore vs selectors through the offloaded cache")
+    g = p.add_argument_group("swarm mode")
+    swarm_bench.add_arguments(g)
+    p = p.add_argument_group("decode mode")
     p.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 4096; quick 1024)")
     p.add_argument("--steps", type=int, default=None, help="decode steps per configuration (default 32; quick 8)")
     p.add_argument("--selectors", default="oracle,blocks,kmeans", help="registered selectors, comma-separated")
@@ -225,14 +241,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drive-mode", choices=["auto", "testbed", "temp"], default="auto",
                    help="auto: kernel-capped testbed drives when root allows, else temp dirs")
     p.add_argument("--dir", default=None, help="parent directory of the drives (default: system temp)")
-    p.add_argument("--backend", choices=["threads", "uring"], default="threads")
+    p.add_argument("--backend", choices=["threads", "uring"], default=None,
+                   help="store I/O engine (default: threads for decode, uring for swarm)")
     p.add_argument("--placement", default="round_robin")
     p.add_argument("--source", default="pydoc", help="corpus source of the prompt: pydoc, man, licenses")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--chunk", type=int, default=4,
                    help="steps per configuration per round; configurations take turns round by round")
-    p.add_argument("--quick", action="store_true", help="reduced run (1K-token prompt, 8 steps): a few minutes")
+    p.add_argument("--quick", action="store_true",
+                   help="reduced run: a few minutes (decode: 1K-token prompt, 8 steps; swarm: see swarm_bench)")
     p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) here; plot beside it")
 
 
@@ -420,6 +438,11 @@ def run(args: argparse.Namespace, lm=None) -> int:
     """``lm``: an already loaded model (tests); default: the embedded SmolLM2."""
     from rich.console import Console
 
+    if args.mode == "swarm":
+        from kvswarm.bench import swarm_bench
+
+        return swarm_bench.run(args)
+    args.backend = args.backend or "threads"
     console = Console()
     if not console.is_terminal:  # logs and CI: keep the wide tables readable
         console = Console(width=160)

@@ -67,9 +67,9 @@ BASELINES = ("token", "blocks", "kmeans")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="reduced run (a few minutes once captures are cached)")
-    p.add_argument("--json", metavar="PATH", help="write results (with a summary dict) here; plots next to it")
-    p.add_argument("--drives", default="1,2,4,8", help="numbers of emulated drives")
+    """The options of the co-activation benchmark (``--quick``, ``--json``, ``--tokens`` and ``--backend``
+    are shared with the decode benchmark and registered by ``kvswarm.bench.sparse_bench``)."""
+    p.add_argument("--drive-counts", default="1,2,4,8", help="numbers of emulated drives")
     # Low enough that the drives, not the store's ~50-100 us of Python per read on a busy 2-core
     # machine, bound the replay; the 20 KB bandwidth/IOPS crossover of the testbed's defaults is kept.
     p.add_argument("--cap-mbps", type=float, default=40.0, help="per-drive read cap, MB/s")
@@ -80,11 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # cap on 1-2 drives); a whole step in flight keeps the drives busy (see replay()).
     p.add_argument("--replay", choices=["step", "layer"], default="step",
                    help="time a step with all its layers in flight (default) or layer after layer")
-    p.add_argument("--backend", choices=["uring", "threads"], default="uring")
-    p.add_argument("--tokens", type=int, default=4096, help="prompt length of the texts")
     p.add_argument("--profile-text", default="pydoc:0", help="SOURCE:SEED of the text kvswarm is tuned on")
     p.add_argument("--eval-texts", default=None, help="SOURCE:SEED,... evaluated (first one: I/O on drives)")
-    p.add_argument("--sparsity", type=float, default=0.1, help="kvswarm's operating budget (share of context)")
+    p.add_argument("--budget", type=float, default=0.1, help="kvswarm's operating budget (share of context)")
     p.add_argument("--dram", type=float, default=0.05, help="DRAM cache, share of the offloaded entries")
     p.add_argument("--profile-steps", type=int, default=32)
     p.add_argument("--compute-ms", type=float, default=1.0, help="per-layer compute time the prefetch overlaps")
@@ -254,9 +252,9 @@ def replay(seq, sel: Selections, model: DriveModel, warm: int = 1, mode: str = "
         return time.perf_counter() - t0
 
     head = Selections(sel.positions[:warm], sel.recall[:warm], 0, 0, 0)
-    plan_steps(seq.retrievers, head, seq.cache, run_step, model)
+    plan_steps(seq.retrievers, head, seq.cache, run_step, model, seq.book)
     tail = Selections(sel.positions[warm:], sel.recall[warm:], 0, 0, 0)
-    return plan_steps(seq.retrievers, tail, seq.cache, run_step, model)
+    return plan_steps(seq.retrievers, tail, seq.cache, run_step, model, seq.book)
 
 
 def stored_bytes(run: TextRun, strategies: list[Strategy], n: int, model: DriveModel) -> int:
@@ -406,12 +404,14 @@ def bench(args: argparse.Namespace, console) -> dict:
     log = lambda s: console.print(s)  # noqa: E731
     model = DriveModel(args.cap_mbps * 1e6, args.cap_iops)
     caps = DriveCaps(read_mbps=args.cap_mbps, read_iops=args.cap_iops)
-    drives = [int(x) for x in args.drives.split(",")]
+    drives = [int(x) for x in args.drive_counts.split(",")]
     lm = ModelOnce()
     evals = (args.eval_texts or ",".join(cfg["eval_texts"])).split(",")
+    args.tokens = args.tokens or 4096
+    args.backend = args.backend or "uring"
     out: dict = {"config": {**cfg, "drives": drives, "cap_mbps": args.cap_mbps, "cap_iops": args.cap_iops,
                             "tokens": args.tokens, "profile_text": args.profile_text, "eval_texts": evals,
-                            "sparsity": args.sparsity, "dram": args.dram, "profile_steps": args.profile_steps,
+                            "sparsity": args.budget, "dram": args.dram, "profile_steps": args.profile_steps,
                             "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
     torch.set_num_threads(1)
 
@@ -421,15 +421,15 @@ def bench(args: argparse.Namespace, console) -> dict:
     prof.pq = build_pq(prof.td)
     tsteps = range(prof.td.profile_steps, prof.td.profile_steps + 6)
     tok = next(s for s in default_strategies() if s.name == "token")
-    target = float(run_selector(prof.td, tok.selector(None, None), args.sparsity, tsteps).recall.mean())
+    target = float(run_selector(prof.td, tok.selector(None, None), args.budget, tsteps).recall.mean())
     grid = [{"clusterer": c, "size": s} for c in ("partition", "frequency") for s in (8, 12, 16)] \
         if cfg["tune"] == "full" else [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
                                        {"clusterer": "partition", "size": 20}]
     if cfg["tune"] == "full":
         grid += [{"clusterer": "partition", "size": 12, "piece_bytes": pb, "replicate": r}
                  for pb in (24 << 10, 96 << 10) for r in (0.0, 0.3)]
-    log(f"tuning kvswarm on {prof.td.label} (target recall {target:.3f}: the token oracle at {args.sparsity:g})")
-    best, rows = tune(prof, grid, [args.sparsity, 1.5 * args.sparsity, 2 * args.sparsity, 3 * args.sparsity],
+    log(f"tuning kvswarm on {prof.td.label} (target recall {target:.3f}: the token oracle at {args.budget:g})")
+    best, rows = tune(prof, grid, [args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget],
                       tsteps, model, args.dram, target, log)
     out["tuning"] = {"text": prof.td.label, "target_recall": target, "rows": rows, "best": best,
                      "seconds": time.perf_counter() - t0}
@@ -454,8 +454,8 @@ def bench(args: argparse.Namespace, console) -> dict:
                 rec.setdefault(st.name, {})[str(sp)] = {"recall": float(sel.recall.mean()), "entries": sel.entries,
                                                          "select_ms": 1e3 * sel.select_s}
         out["recall"][td.label] = rec
-        log(f"{td.label}: recall at {args.sparsity:g}: " + ", ".join(
-            f"{k} {v[str(args.sparsity)]['recall']:.3f}" for k, v in rec.items() if str(args.sparsity) in v))
+        log(f"{td.label}: recall at {args.budget:g}: " + ", ".join(
+            f"{k} {v[str(args.budget)]['recall']:.3f}" for k, v in rec.items() if str(args.budget) in v))
     io_run = runs[next(iter(runs))]
 
     # 3. real I/O: every strategy on N drives; the full recall/I-O curve on the largest N
@@ -473,7 +473,7 @@ def bench(args: argparse.Namespace, console) -> dict:
             written: dict = {}
             try:
                 for st in strategies:
-                    sps = cfg["curve"] if n == nmax else [args.sparsity]
+                    sps = cfg["curve"] if n == nmax else [args.budget]
                     for sp in sps:
                         sel = io_run.select(st, by_name, sp, eval_steps_all[io_run.td.label])
                         seq, write_s = write_sequence(store, io_run, st, n, model, args.dram, written)
@@ -501,16 +501,16 @@ def bench(args: argparse.Namespace, console) -> dict:
             if st.selection_of:
                 continue
             with small_ops():
-                out["agreement"][st.name] = agreement(io_run, st, by_name, args.sparsity, cfg["agreement_steps"], lm)
+                out["agreement"][st.name] = agreement(io_run, st, by_name, args.budget, cfg["agreement_steps"], lm)
             log(f"  agreement {st.name}: {out['agreement'][st.name]:.3f}")
     layers = list(np.linspace(1, io_run.td.layers - 1, cfg["online_layers"]).astype(int))
-    out["online"] = online_experiment(io_run, by_name["kvswarm"], [int(x) for x in layers], args.sparsity)
+    out["online"] = online_experiment(io_run, by_name["kvswarm"], [int(x) for x in layers], args.budget)
     out["summary"] = summarize(out, args, nmax)
     return out
 
 
 def prefetch_experiment(seq, run: TextRun, st, by_name, args, model) -> dict:
-    sel = run.select(st, by_name, args.sparsity, range(run.td.profile_steps, run.td.profile_steps + 4))
+    sel = run.select(st, by_name, args.budget, range(run.td.profile_steps, run.td.profile_steps + 4))
     cache = make_cache(st, int(args.dram * run.td.n * run.td.layers), seq.layouts, model, entry_bytes(run.td))
     return prefetch_model(seq.retrievers, sel, cache, model, args.compute_ms / 1e3)
 
@@ -534,7 +534,7 @@ def context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, n) 
             written: dict = {}
             try:
                 for st in sts:
-                    sel = run.select(st, by_name, args.sparsity, steps)
+                    sel = run.select(st, by_name, args.budget, steps)
                     seq, _ = write_sequence(store, run, st, n, model, args.dram, written)
                     summ = replay(seq, sel, model, mode=args.replay).summary(n, model, entry_bytes(td))
                     summ.update(recall=float(sel.recall[1:].mean()), select_ms=1e3 * sel.select_s)
@@ -548,7 +548,7 @@ def context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, n) 
 
 def summarize(out: dict, args, n: int) -> dict:
     io = out["io"]
-    sp = str(args.sparsity)
+    sp = str(args.budget)
     best = io["kvswarm"][str(n)][sp]
     s = {"util_8_drives" if n == 8 else f"util_{n}_drives": best["utilisation"],
          "kvswarm_io_ms": best["io_ms"], "kvswarm_recall": best["recall"]}
@@ -580,8 +580,8 @@ def summarize(out: dict, args, n: int) -> dict:
 def print_tables(out: dict, args, console) -> None:
     from rich.table import Table
 
-    n = str(max(int(x) for x in args.drives.split(",")))
-    sp = str(args.sparsity)
+    n = str(max(int(x) for x in args.drive_counts.split(",")))
+    sp = str(args.budget)
     t = Table(title=f"sparse decode I/O on {n} drives at budget {sp} ({out['config']['eval_texts'][0]}; "
                     f"caps {args.cap_mbps:g} MB/s, {args.cap_iops:g} IOPS per drive)")
     for c in ("strategy", "I/O ms/step", "MB/step", "reads/step", "util", "RA", "DRAM hit", "recall",
@@ -610,7 +610,7 @@ def plot(out: dict, args, path: str) -> None:
     import matplotlib.pyplot as plt
 
     base = os.path.splitext(path)[0]
-    sp = str(args.sparsity)
+    sp = str(args.budget)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, per in out["io"].items():
         ns = sorted((int(k) for k in per if sp in per[k]))
@@ -627,7 +627,7 @@ def plot(out: dict, args, path: str) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(base + "-context.png", dpi=120)
-    n = str(max(int(x) for x in args.drives.split(",")))
+    n = str(max(int(x) for x in args.drive_counts.split(",")))
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, per in out["io"].items():
         pts = sorted((v["recall"], v["io_ms"]) for v in per[n].values())

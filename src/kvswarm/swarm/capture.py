@@ -194,7 +194,9 @@ def cached_capture(text: TextSpec, steps: int, lm_loader: Callable[[], object], 
     path = capture_dir() / f"{DEFAULT_MODEL_ID}-{text.source}-{text.seed}-{text.tokens}-{steps}-{seed}.npz"
     if path.exists():
         try:
-            return DecodeCapture.load(path)
+            cap = DecodeCapture.load(path)
+            cap.meta["cache_key"] = path.stem
+            return cap
         except (ValueError, OSError, KeyError) as e:
             log(f"re-recording {path.name}: {e}")
     lm = lm_loader()
@@ -204,4 +206,5 @@ def cached_capture(text: TextSpec, steps: int, lm_loader: Callable[[], object], 
                  meta={"model_id": lm.model_id, "layout": lm.layout.fingerprint().hex(), "source": text.source,
                        "text_seed": text.seed, "titles": list(doc.titles[:8])})
     cap.save(path)
+    cap.meta["cache_key"] = path.stem
     return cap

@@ -80,13 +80,41 @@ class TextData:
 
 
 # ---- clusters of a text -------------------------------------------------------------------
+def _cached(td: TextData, name: str, make: Callable[[], dict[int, Clusters]]) -> dict[int, Clusters]:
+    """Per-layer clusters of a captured text, computed once (derived data next to the captures)."""
+    from kvswarm.swarm.capture import capture_dir
+
+    key = td.cap.meta.get("cache_key")
+    if not key:
+        return make()
+    path = capture_dir() / "derived" / f"{key}-p{td.profile_steps}-{name}-v1.npz"
+    if path.exists():
+        with np.load(path, allow_pickle=False) as z:
+            return {layer: Clusters(np.split(z[f"m{layer}"], np.cumsum(z[f"s{layer}"])[:-1]), z[f"d{layer}"],
+                                    z[f"c{layer}"], z[f"h{layer}"]) for layer in range(td.layers)}
+    out = make()
+    path.parent.mkdir(exist_ok=True)
+    arrays = {}
+    for layer, cl in out.items():
+        arrays.update({f"m{layer}": np.concatenate(cl.members), f"s{layer}": cl.sizes, f"d{layer}": cl.medoids,
+                       f"c{layer}": cl.cold, f"h{layer}": cl.heat})
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return out
+
+
 def coactivation_clusters(td: TextData, clusterer: str, neighbours: int = 32, **kw) -> dict[int, Clusters]:
     c = make_clusterer(clusterer, **kw)
-    out = {}
-    for layer in range(td.layers):
-        x = td.profile_incidence(layer)
-        out[layer] = c.cluster(cograph(x, neighbours), x, td.off)
-    return out
+
+    def make():
+        out = {}
+        for layer in range(td.layers):
+            x = td.profile_incidence(layer)
+            out[layer] = c.cluster(cograph(x, neighbours), x, td.off)
+        return out
+
+    return _cached(td, f"{c.describe()}-n{neighbours}", make)
 
 
 def kmeans_labels(x: torch.Tensor, k: int, iters: int = 10, seed: int = 0) -> np.ndarray:
@@ -104,6 +132,10 @@ def kmeans_labels(x: torch.Tensor, k: int, iters: int = 10, seed: int = 0) -> np
 def key_clusters(td: TextData, size: int = 16, seed: int = 0) -> dict[int, Clusters]:
     """Entries grouped by k-means of their keys (all KV heads), cut to ``size``: the layout of a
     key-clustering index (PQCache/ClusterKV-like) -- tokens with similar keys share a page."""
+    return _cached(td, f"keykmeans{size}-{seed}", lambda: _key_clusters(td, size, seed))
+
+
+def _key_clusters(td: TextData, size: int, seed: int) -> dict[int, Clusters]:
     out = {}
     for layer in range(td.layers):
         x = td.keys[layer].permute(1, 0, 2).reshape(td.n, -1).to(torch.float32)
@@ -281,10 +313,11 @@ class IOResult:
 
 def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
                run: Callable[[list[tuple[int, np.ndarray, ReadPlan]]], float] | None,
-               model: DriveModel) -> IOResult:
-    """Plan every eval step's reads (all layers; the cache is keyed by layer, so a layer's plan only
-    depends on earlier steps) and, with ``run``, execute them; without, cost them with ``model``
-    (layer after layer: the sum of each layer's slowest drive)."""
+               model: DriveModel, book: Callable[[int, ReadPlan], None] | None = None) -> IOResult:
+    """Plan every eval step's reads layer after layer (each plan books its reads in the DRAM cache
+    before the next layer is planned, as in a decode; ``book`` does it for a store-backed sequence)
+    and, with ``run``, execute the step's plans; without, cost them with ``model`` (the sum of each
+    layer's slowest drive)."""
     e = len(sel.positions)
     r = IOResult(*(np.zeros(e) for _ in range(6)), model_s=np.zeros(e))
     pdb = np.zeros(rets[0].drives)
@@ -297,7 +330,9 @@ def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
             plan_t += time.perf_counter() - t0
             plans.append((layer, pos, plan))
             r.model_s[i] += plan.makespan(model)
-            if cache is not None and run is None:
+            if book is not None:
+                book(layer, plan)
+            elif cache is not None:
                 cache.after_read(layer, [p for p, _ in plan.reads], plan.cached_used)
             r.nbytes[i] += sum(plan.nbytes)
             r.reads[i] += len(plan.reads)

@@ -93,15 +93,17 @@ class _SwarmFetch(FetchHandle):
         seq.last = LayerStats(self.plan, io_s)
         sources = list(got.items()) + [(p, seq.dram[(self.layer, p)]) for p in self.plan.cached_used.tolist()
                                        if (self.layer, p) in seq.dram]
-        if seq.cache is not None:
-            evicted = seq.cache.after_read(self.layer, [p for p, _ in self.plan.reads if p in got],
-                                           self.plan.cached_used)
+        if seq.cache is not None:  # the plan booked its reads in the cache; keep the data it took
             mask = seq.cache.mask(self.layer, len(pieces))
-            for p, rows in got.items():  # what the cache took stays in DRAM
-                if mask[p]:
-                    seq.dram[(self.layer, p)] = rows
-            for key in evicted:
-                if key not in seq.prefetched:
+            for p, _ in self.plan.reads:
+                if p in got:
+                    if mask[p]:
+                        seq.dram[(self.layer, p)] = got[p]
+                elif mask[p]:  # admitted but never arrived: not in DRAM after all
+                    seq.cache.policy.remove((self.layer, p))
+                    mask[p] = False
+            for key in seq._evicted.pop(self.layer, []):
+                if key not in seq.prefetched and not seq.cache.mask(key[0], len(seq.layouts[key[0]].pieces))[key[1]]:
                     seq.dram.pop(key, None)
         m = len(self.positions)
         out = np.zeros((m, *shape), dtype)
@@ -130,6 +132,7 @@ class SwarmSequence(EntrySource):
         self.cache = cache
         self.dram: dict[tuple[int, int], np.ndarray] = {}  # cached and prefetched pieces' rows
         self.prefetched: set[tuple[int, int]] = set()
+        self._evicted: dict[int, list[tuple[int, int]]] = {}  # by the layer whose plan evicted them
         self.last: LayerStats | None = None
         self._keys: list[torch.Tensor] = []
         self._resident: list[LayerKV] = []
@@ -202,10 +205,20 @@ class SwarmSequence(EntrySource):
         return self._keys[layer]
 
     def plan(self, layer: int, positions: np.ndarray) -> ReadPlan:
+        """The reads for ``positions`` of ``layer``, booked in the DRAM cache (see ``book``)."""
         self.retrievers[layer].down = {d.index for d in self.store.drives if not d.healthy}
         avail = np.array(sorted(p for (lay, p) in self.prefetched if lay == layer), np.int64) \
             if self.prefetched else None
-        return self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer, available=avail)
+        plan = self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer, available=avail)
+        self.book(layer, plan)
+        return plan
+
+    def book(self, layer: int, plan: ReadPlan) -> None:
+        """Tell the DRAM cache about a plan's reads before the next layer plans (its admissions and
+        evictions take effect now; the data of evicted pieces is dropped once the read is done)."""
+        if self.cache is not None:
+            self._evicted.setdefault(layer, []).extend(
+                self.cache.after_read(layer, [p for p, _ in plan.reads], plan.cached_used))
 
     def submit(self, layer, positions):
         positions = np.asarray(positions, np.int64)
@@ -227,7 +240,7 @@ class SwarmSequence(EntrySource):
                 self.dram.pop(key, None)
 
     def submit_plan(self, layer: int, positions: np.ndarray, plan: ReadPlan) -> _SwarmFetch:
-        """Read an already computed plan (benchmarks time planning and I/O apart)."""
+        """Read a plan made by ``plan`` (or booked with ``book``): benchmarks time planning and I/O apart."""
         return _SwarmFetch(self, layer, np.asarray(positions, np.int64), plan)
 
     def groups(self, layer: int) -> list[np.ndarray]:
