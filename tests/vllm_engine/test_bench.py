@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from kvswarm.cli import main
+from kvswarm.bench.vllm_bench import main
 
 
 def test_bench_vllm_runs_and_reports(tmp_path):
     out = tmp_path / "vllm.json"
-    rc = main(["bench", "vllm", "--block-sizes", "64", "--restore-mib", "4", "--lookup-blocks", "128",
+    rc = main(["--block-sizes", "64", "--restore-mib", "4", "--lookup-blocks", "128",
                "--rounds", "1", "--no-testbed", "--dir", str(tmp_path), "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())

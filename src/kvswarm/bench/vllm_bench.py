@@ -97,7 +97,8 @@ def _reexec_in_vllm_venv() -> int:
     if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(venv):
         print("kvswarm bench vllm needs vLLM: run scripts/setup-vllm.sh (it makes .venv-vllm)", file=sys.stderr)
         return 2
-    return subprocess.call([py, "-m", "kvswarm.cli", *sys.argv[1:]])
+    i = sys.argv.index("vllm") + 1 if "vllm" in sys.argv else 1
+    return subprocess.call([py, "-m", "kvswarm.bench.vllm_bench", *sys.argv[i:]])
 
 
 # ---- tiers ------------------------------------------------------------------------------
@@ -467,3 +468,14 @@ def plot(r: dict, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvswarm.bench.vllm_bench``: this benchmark alone (no other CLI module imported)."""
+    p = argparse.ArgumentParser(prog="kvswarm bench vllm", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
