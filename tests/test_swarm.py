@@ -319,3 +319,38 @@ def test_swarm_sequence_dram_cache_and_prefetch(store):
     torch.testing.assert_close(f.keys, data[1][0][0][:, layouts[1].pieces[0].positions])
     seq.release_prefetched(1)
     assert not seq.prefetched
+
+
+# ---- the benchmark machinery on a small synthetic capture --------------------------------------
+def synthetic_capture(layers: int = 2, t: int = 160, steps: int = 12, seed: int = 0):
+    from kvswarm.swarm.capture import DecodeCapture
+
+    g = np.random.default_rng(seed)
+    f = lambda *s: g.standard_normal(s).astype(np.float32)  # noqa: E731
+    return DecodeCapture({"version": 1}, np.arange(t), f(layers, 3, t, 64), f(layers, 3, t, 64),
+                         f(steps, layers, 9, 64) * 3, f(layers, 3, steps, 64), f(layers, 3, steps, 64),
+                         np.arange(steps), np.arange(steps))
+
+
+def test_bench_strategies_estimate_and_replay(store):
+    from kvswarm.bench.swarm_bench import TextRun, estimate, interp_io, replay, write_sequence
+    from kvswarm.swarm.experiment import TextData, build_pq, default_strategies
+
+    td = TextData(synthetic_capture(), "synthetic", profile_steps=6)
+    run = TextRun(td, build_pq(td))
+    strategies = default_strategies({"size": 8})
+    by = {s.name: s for s in strategies}
+    model = DriveModel(40e6, 2000)
+    steps = range(6, 10)
+    written: dict = {}
+    for st in strategies:
+        sel, est = estimate(run, st, by, 0.2, steps, 3, model, 0.05)
+        assert 0 < sel.recall.mean() <= 1 and est["io_ms"] > 0 and est["reads_per_step"] > 0
+        seq, _ = write_sequence(store, run, st, 3, model, 0.05, written)
+        r = replay(seq, sel, model)
+        assert len(r.io_s) == len(steps) - 1 and (r.io_s > 0).all() and (r.model_s > 0).all()
+        assert r.nbytes.sum() > 0
+    # strategies that share a layout share the stored sequence
+    assert len(written) == 5  # token, blocks (= raid0), kmeans, swarm (+ ablations), kvswarm
+    assert interp_io([(0.5, 10.0), (0.9, 40.0)], 0.7)[0] == pytest.approx(20.0)
+    assert interp_io([(0.5, 10.0), (0.6, 40.0)], 0.7)[1].startswith("not reached")

@@ -58,7 +58,7 @@ from kvswarm.swarm.experiment import (
 from kvswarm.swarm.retrieval import DriveModel
 
 MiB = 1 << 20
-QUICK = {"io_steps": 4, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
+QUICK = {"io_steps": 5, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
          "eval_texts": ["man:0", "licenses:0"], "tune": "small", "online_layers": 4}
 FULL = {"io_steps": 16, "curve": [0.025, 0.05, 0.1, 0.2, 0.3, 0.4], "agreement_steps": 24,
         "contexts": [1024, 2048, 4096, 8192], "eval_texts": ["man:0", "licenses:0", "pydoc:1"], "tune": "full",
@@ -235,13 +235,20 @@ def write_sequence(store, run: TextRun, st: Strategy, n: int, model: DriveModel,
 def replay(seq, sel: Selections, model: DriveModel, warm: int = 1, mode: str = "step") -> IOResult:
     """Replay every step of ``sel`` on the drives and time it.
 
-    ``mode="step"``: a step's reads for all layers are submitted together (one batch per layer,
-    all in flight, as with cross-layer prefetch) and the step lasts until the last is verified;
-    steps run back to back, so a throttle never sees idle gaps.  ``mode="layer"``: layer after
-    layer, each batch waited for before the next (decode order without prefetch).  The first
-    ``warm`` steps are untimed (they start the throttle's accounting and the cache)."""
+    All steps are planned first (planning books the DRAM cache in decode order), then executed
+    back to back, so the drives never sit idle while Python plans (a kernel throttle would credit
+    that idle time).  ``mode="step"``: a step's reads for all layers are in flight together (one
+    batch per layer, as with cross-layer prefetch) and the step lasts until the last is verified;
+    ``mode="layer"``: each layer's batch is waited for before the next is submitted.  The first
+    ``warm`` steps are executed but not counted (they start the throttle's accounting)."""
+    steps: list[list] = []
 
-    def run_step(plans):
+    def collect(plans):
+        steps.append(plans)
+        return 0.0
+
+    r = plan_steps(seq.retrievers, sel, seq.cache, collect, model, seq.book)
+    for i, plans in enumerate(steps):
         t0 = time.perf_counter()
         if mode == "layer":
             for layer, pos, plan in plans:
@@ -249,12 +256,10 @@ def replay(seq, sel: Selections, model: DriveModel, warm: int = 1, mode: str = "
         else:
             for h in [seq.submit_plan(layer, pos, plan) for layer, pos, plan in plans]:
                 h.wait()
-        return time.perf_counter() - t0
-
-    head = Selections(sel.positions[:warm], sel.recall[:warm], 0, 0, 0)
-    plan_steps(seq.retrievers, head, seq.cache, run_step, model, seq.book)
-    tail = Selections(sel.positions[warm:], sel.recall[warm:], 0, 0, 0)
-    return plan_steps(seq.retrievers, tail, seq.cache, run_step, model, seq.book)
+        r.io_s[i] = time.perf_counter() - t0
+    keep = slice(warm, None)
+    return IOResult(r.io_s[keep], r.nbytes[keep], r.reads[keep], r.entries_read[keep], r.wanted[keep],
+                    r.hits[keep], r.model_s[keep], r.plan_s, r.per_drive_bytes)
 
 
 def stored_bytes(run: TextRun, strategies: list[Strategy], n: int, model: DriveModel) -> int:
@@ -398,6 +403,61 @@ def _fetched(cl, need: np.ndarray, universe: int) -> int:
     return int(cl.sizes[hit].sum())
 
 
+# ---- clustering strategies compared (layout quality, selector-independent) -------------------
+CLUSTERINGS = [("greedy", {"tau": 0.3}), ("greedy", {"tau": 0.5}), ("greedy", {"tau": 0.7}),
+               ("greedy", {"tau": 0.5, "max_size": 24, "min_size": 6, "leftover_size": 12}),
+               ("frequency", {"size": 12}), ("partition", {"size": 12}), ("partition", {"size": 24})]
+
+
+def clustering_experiment(run: TextRun, budget: float, model: DriveModel, drives: int = 8) -> dict:
+    """Per clusterer: fetch, each evaluation step and layer, every cluster holding an entry of the
+    exact top-``budget`` attention (the oracle's needs): entries read per entry needed, reads per
+    step when clusters are striped over all drives (paper) or kept whole (one read per cluster),
+    and the modelled I/O time of both layouts."""
+    from kvswarm.format import extent_size
+    from kvswarm.swarm.experiment import coactivation_clusters
+
+    td = run.td
+    eb = entry_bytes(td)
+    k = budget_for(budget, td.n)
+    out = {}
+    for name, kw in CLUSTERINGS:
+        t0 = time.perf_counter()
+        cls = coactivation_clusters(td, name, **kw)
+        secs = time.perf_counter() - t0
+        ra, reads_stripe, reads_whole, t_stripe, t_whole = [], 0, 0, 0.0, 0.0
+        steps = list(td.eval_steps)
+        for layer in range(td.layers):
+            cl = cls[layer]
+            memb = cl.membership(td.cap.prompt_len)
+            sizes = cl.sizes
+            for s in steps:
+                need = np.argpartition(-td.mass[s, layer], k - 1)[:k] + td.base
+                hit = np.unique(memb[need].indices)
+                ra.append(sizes[hit].sum() / k)
+                per = np.minimum(sizes[hit], drives)
+                reads_stripe += int(per.sum())
+                reads_whole += len(hit)
+                # striped: every drive reads one piece of each cluster; whole: clusters spread evenly
+                piece = np.array([extent_size(int(-(-z // p)) * eb) for z, p in zip(sizes[hit], per)])
+                t_stripe += max(piece.sum() / model.read_bps / drives * 1.0, per.sum() / drives / model.read_iops)
+                whole = np.array([extent_size(int(z) * eb) for z in sizes[hit]])
+                t_whole += max(whole.sum() / drives / model.read_bps, len(hit) / drives / model.read_iops)
+        n = len(steps)
+        c0 = cls[0]
+        out[make_name(name, kw)] = {
+            "read_per_needed": float(np.mean(ra)), "reads_per_step_striped": reads_stripe / n,
+            "reads_per_step_whole": reads_whole / n, "io_model_ms_striped": 1e3 * t_stripe / n,
+            "io_model_ms_whole": 1e3 * t_whole / n, "clusters_layer0": len(c0),
+            "median_size": float(np.median(c0.sizes[~c0.cold])) if (~c0.cold).any() else 0.0,
+            "replicated_share": float((c0.copies(td.cap.prompt_len) > 1).sum() / td.n), "seconds": secs}
+    return out
+
+
+def make_name(name: str, kw: dict) -> str:
+    return name + "(" + ",".join(f"{k}={v}" for k, v in kw.items()) + ")"
+
+
 # ---- the benchmark ---------------------------------------------------------------------------
 def bench(args: argparse.Namespace, console) -> dict:
     cfg = dict(QUICK if args.quick else FULL)
@@ -457,6 +517,13 @@ def bench(args: argparse.Namespace, console) -> dict:
         log(f"{td.label}: recall at {args.budget:g}: " + ", ".join(
             f"{k} {v[str(args.budget)]['recall']:.3f}" for k, v in rec.items() if str(args.budget) in v))
     io_run = runs[next(iter(runs))]
+    out["clustering"] = {label: clustering_experiment(r, args.budget, model) for label, r in runs.items()}
+    for label, per in out["clustering"].items():
+        log(f"clusterings on {label} (fetching the clusters of the exact top-{args.budget:g}):")
+        for name, v in per.items():
+            log(f"  {name:55s} read/needed {v['read_per_needed']:.2f}  reads/step striped "
+                f"{v['reads_per_step_striped']:.0f} whole {v['reads_per_step_whole']:.0f}  model ms striped "
+                f"{v['io_model_ms_striped']:.1f} whole {v['io_model_ms_whole']:.1f}")
 
     # 3. real I/O: every strategy on N drives; the full recall/I-O curve on the largest N
     out["io"] = {}

@@ -186,16 +186,17 @@ def default_strategies(best: dict | None = None) -> list[Strategy]:
         return coactivation_clusters(td, b["clusterer"], **kw)
 
     paper_clusters = lambda td: coactivation_clusters(td, "greedy", tau=0.5, max_copies=2)  # noqa: E731
+    blocks16 = lambda td: position_blocks(td, 16)  # noqa: E731  (one function: blocks and RAID-0 share the layout)
     paper_sel = lambda cl, pq: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
     best_sel = lambda cl, pq: ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq)  # noqa: E731
     return [
         Strategy("token", "token top-k (No Cluster)", lambda cl, pq: make_selector("oracle"),
                  lambda td: position_blocks(td, 1)),
         Strategy("blocks", "fixed blocks (InfLLM/Quest-like)",
-                 lambda cl, pq: make_selector("blocks", block_tokens=16), lambda td: position_blocks(td, 16)),
+                 lambda cl, pq: make_selector("blocks", block_tokens=16), blocks16),
         Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq: pq, lambda td: key_clusters(td, 16),
                  prebuilt=True),
-        Strategy("raid0", "RAID-0, no co-activation", best_sel, lambda td: position_blocks(td, 16),
+        Strategy("raid0", "RAID-0, no co-activation", best_sel, blocks16,
                  selection_of="kvswarm"),
         Strategy("swarm", "Swarm as published", paper_sel, paper_clusters, layout="stripe", assign="bucket",
                  cache="cost_benefit", cluster_select=True),
