@@ -42,3 +42,26 @@ def test_cli_quick_trace_only_writes_summary_and_plot(tmp_path):
     s = json.loads(out.read_text())["summary"]
     assert {"trace_hit_rate", "trace_ideal_hit_rate", "trace_lru_1drive_hit_rate"} <= s.keys()
     assert (tmp_path / "r_hit_rate.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("write", ["write-through", "write-back", "selective:2"])
+def test_real_tiers_serve_exactly_what_the_director_decides(tmp_path, write):
+    """The TierManager on real drives hits exactly where the pure director (the simulator's model) does."""
+    from kvswarm.tiers import TierDirector
+
+    reqs = pb.load_trace(pb.DEFAULT_TRACE, 250)
+    _, distinct = pb.ideal_hit_rate(reqs)
+    ssd = distinct // 20
+    r = pb.replay(reqs, pb.Setup("k", "kvswarm", 0.05, ssd // 10, ssd, 4, 3 * ssd, 2, "s3fifo", write, "always"),
+                  tmp_path, 4032, None)
+    caps = r["capacity_blocks"]
+    d = TierDirector([caps["dram"], caps["ssd"], caps["capacity"]], eviction=("lru", "s3fifo", "lru"), write=write,
+                     demotion="always")
+    hits = 0
+    for ids in reqs:
+        got = d.lookup(ids)
+        hits += len(got)
+        for j, k in enumerate(ids):
+            d.admit(k, got[j] if j < len(got) else None)
+    assert r["hit_rate"]["total"] == pytest.approx(hits / sum(map(len, reqs)))
+    assert not any(r["failures"].values())

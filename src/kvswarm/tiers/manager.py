@@ -299,7 +299,10 @@ class TierManager:
                         self.director.lost(a.key, a.dst)
                     elif a.dst == Tier.DRAM:
                         if not self.dram.put(a.key, data):
-                            self.director.lost(a.key, Tier.DRAM)
+                            for t in POOL_TIERS:  # queued write-backs pin dropped slots: submit them
+                                self._submit(t, queued[t])
+                            if not self.dram.put(a.key, data):
+                                self.director.lost(a.key, Tier.DRAM)
                     else:
                         self._queue(a.dst, a.key, data, a.src, queued)
                 elif a.tier == Tier.DRAM:
