@@ -229,6 +229,7 @@ def test_cross_layer_prefetch_prediction():
     l1 = make_retriever([Piece(0, np.arange(0, 4), [0]), Piece(1, np.arange(4, 16), [1])], 2).holders
     pf = CrossLayerPrefetch([l0, l1], min_votes=2)
     assert pf.predict(0, np.array([1, 2, 5])).tolist() == [0]  # piece 0 of layer 1 holds 2 of them
+    assert pf.fit(np.array([3, 1, 2]), 2.0, len).tolist() == [3, 1]
     assert pf.predict(1, np.array([1, 2])).tolist() == []  # no layer after the last
     assert precision_recall(np.array([0, 1]), np.array([1])) == (0.5, 1.0)
 

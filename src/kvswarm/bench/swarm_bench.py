@@ -299,6 +299,7 @@ def prefetch_model(rets, sel: Selections, cache, model: DriveModel, compute_s: f
                 pred = pf.predict(layer - 1, row[layer - 1], len(need.reads) + len(need.cached_used))
                 if held is not None:
                     pred = pred[~held[pred]]
+                pred = pf.fit(pred, compute_s, lambda p, r=rets[layer]: r.plan_pieces(p).makespan(model))
                 t_pref = rets[layer].plan_pieces(pred).makespan(model)
                 rest = rets[layer].plan(pos, cache, layer, available=pred)
                 with_ += rest.makespan(model) + max(0.0, t_pref - compute_s)
@@ -491,9 +492,16 @@ def bench(args: argparse.Namespace, console) -> dict:
     log(f"tuning kvswarm on {prof.td.label} (target recall {target:.3f}: the token oracle at {args.budget:g})")
     best, rows = tune(prof, grid, [args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget],
                       tsteps, model, args.dram, target, log)
+    pts = sorted(next(r for r in rows if r["knobs"] == best)["points"])
+    sps = sorted([args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget])
+    rec_at = [p[0] for p in sorted(zip([p[0] for p in pts], sps))]
+    # kvswarm's operating budget: where, on the profile text, it attends the mass of the exact top-k
+    op = float(np.interp(target, np.maximum.accumulate(rec_at), sps)) if target <= max(rec_at) else sps[-1]
+    args.op_budget = round(np.ceil(op / 0.005) * 0.005, 3)
     out["tuning"] = {"text": prof.td.label, "target_recall": target, "rows": rows, "best": best,
-                     "seconds": time.perf_counter() - t0}
-    log(f"kvswarm best on the profile text: {best}")
+                     "op_budget": args.op_budget, "seconds": time.perf_counter() - t0}
+    log(f"kvswarm best on the profile text: {best}, operating budget {args.op_budget:g} (its recall there "
+        f"matches the token oracle's at {args.budget:g})")
     strategies = default_strategies(best)
     by_name = {s.name: s for s in strategies}
 
@@ -509,13 +517,13 @@ def bench(args: argparse.Namespace, console) -> dict:
         eval_steps_all[td.label] = steps
         rec = {}
         for st in strategies:
-            for sp in cfg["curve"]:
+            for sp in curve_for(st, cfg, args):
                 sel = run.select(st, by_name, sp, steps)
                 rec.setdefault(st.name, {})[str(sp)] = {"recall": float(sel.recall.mean()), "entries": sel.entries,
                                                          "select_ms": 1e3 * sel.select_s}
         out["recall"][td.label] = rec
-        log(f"{td.label}: recall at {args.budget:g}: " + ", ".join(
-            f"{k} {v[str(args.budget)]['recall']:.3f}" for k, v in rec.items() if str(args.budget) in v))
+        log(f"{td.label}: recall at {args.budget:g} (kvswarm, raid0: {args.op_budget:g}): " + ", ".join(
+            f"{k} {v[str(op_for(by_name[k], args))]['recall']:.3f}" for k, v in rec.items()))
     io_run = runs[next(iter(runs))]
     out["clustering"] = {label: clustering_experiment(r, args.budget, model) for label, r in runs.items()}
     for label, per in out["clustering"].items():
@@ -540,7 +548,7 @@ def bench(args: argparse.Namespace, console) -> dict:
             written: dict = {}
             try:
                 for st in strategies:
-                    sps = cfg["curve"] if n == nmax else [args.budget]
+                    sps = curve_for(st, cfg, args) if n == nmax else [op_for(st, args)]
                     for sp in sps:
                         sel = io_run.select(st, by_name, sp, eval_steps_all[io_run.td.label])
                         seq, write_s = write_sequence(store, io_run, st, n, model, args.dram, written)
@@ -568,16 +576,18 @@ def bench(args: argparse.Namespace, console) -> dict:
             if st.selection_of:
                 continue
             with small_ops():
-                out["agreement"][st.name] = agreement(io_run, st, by_name, args.budget, cfg["agreement_steps"], lm)
+                out["agreement"][st.name] = agreement(io_run, st, by_name, op_for(st, args), cfg["agreement_steps"],
+                                                      lm)
             log(f"  agreement {st.name}: {out['agreement'][st.name]:.3f}")
     layers = list(np.linspace(1, io_run.td.layers - 1, cfg["online_layers"]).astype(int))
     out["online"] = online_experiment(io_run, by_name["kvswarm"], [int(x) for x in layers], args.budget)
+    out["config"]["op_budget"] = args.op_budget
     out["summary"] = summarize(out, args, nmax)
     return out
 
 
 def prefetch_experiment(seq, run: TextRun, st, by_name, args, model) -> dict:
-    sel = run.select(st, by_name, args.budget, range(run.td.profile_steps, run.td.profile_steps + 4))
+    sel = run.select(st, by_name, args.op_budget, range(run.td.profile_steps, run.td.profile_steps + 4))
     cache = make_cache(st, int(args.dram * run.td.n * run.td.layers), seq.layouts, model, entry_bytes(run.td))
     return prefetch_model(seq.retrievers, sel, cache, model, args.compute_ms / 1e3)
 
@@ -601,7 +611,7 @@ def context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, n) 
             written: dict = {}
             try:
                 for st in sts:
-                    sel = run.select(st, by_name, args.budget, steps)
+                    sel = run.select(st, by_name, op_for(st, args), steps)
                     seq, _ = write_sequence(store, run, st, n, model, args.dram, written)
                     summ = replay(seq, sel, model, mode=args.replay).summary(n, model, entry_bytes(td))
                     summ.update(recall=float(sel.recall[1:].mean()), select_ms=1e3 * sel.select_s)
@@ -615,14 +625,15 @@ def context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, n) 
 
 def summarize(out: dict, args, n: int) -> dict:
     io = out["io"]
-    sp = str(args.budget)
+    sp = str(args.op_budget)
     best = io["kvswarm"][str(n)][sp]
     s = {"util_8_drives" if n == 8 else f"util_{n}_drives": best["utilisation"],
          "kvswarm_io_ms": best["io_ms"], "kvswarm_recall": best["recall"]}
     for name in io:
         pts = [(v["recall"], v["io_ms"]) for v in io[name][str(n)].values()]
-        s[f"attention_mass_{name}"] = io[name][str(n)].get(sp, {}).get("recall", float("nan"))
-        s[f"io_ms_{name}"] = io[name][str(n)].get(sp, {}).get("io_ms", float("nan"))
+        own = str(op_for(by_name_of(name), args))
+        s[f"attention_mass_{name}"] = io[name][str(n)].get(own, {}).get("recall", float("nan"))
+        s[f"io_ms_{name}"] = io[name][str(n)].get(own, {}).get("io_ms", float("nan"))
         if name in BASELINES or name in ("raid0", "swarm"):
             at, how = interp_io(pts, best["recall"])
             key = {"token": "speedup_vs_token", "blocks": "speedup_vs_block", "kmeans": "speedup_vs_kmeans"}.get(
@@ -631,6 +642,8 @@ def summarize(out: dict, args, n: int) -> dict:
             s[key + "_basis"] = how
             at_m, _ = interp_io([(v["recall"], v["io_model_ms"]) for v in io[name][str(n)].values()], best["recall"])
             s[key.replace("speedup", "model_speedup")] = at_m / best["io_model_ms"]
+    s["kvswarm_budget"] = args.op_budget
+    s["token_budget"] = args.budget
     for nn, per in io["kvswarm"].items():
         if sp in per:
             s[f"kvswarm_io_ms_{nn}_drives"] = per[sp]["io_ms"]
@@ -643,19 +656,34 @@ def summarize(out: dict, args, n: int) -> dict:
     return {k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in s.items()}
 
 
+def op_for(st: Strategy, args) -> float:
+    """A strategy's operating budget: kvswarm's (and RAID-0's, which reads kvswarm's selection) was
+    set on the profile text; the baselines run at ``--budget``."""
+    return args.op_budget if (st.selection_of or st.name) == "kvswarm" else args.budget
+
+
+def curve_for(st: Strategy, cfg: dict, args) -> list[float]:
+    return sorted(set(cfg["curve"]) | {op_for(st, args)})
+
+
+def by_name_of(name: str) -> Strategy:
+    return Strategy(name, name, None, None, selection_of="kvswarm" if name == "raid0" else None)
+
+
 # ---- output ----------------------------------------------------------------------------------
 def print_tables(out: dict, args, console) -> None:
     from rich.table import Table
 
     n = str(max(int(x) for x in args.drive_counts.split(",")))
     sp = str(args.budget)
-    t = Table(title=f"sparse decode I/O on {n} drives at budget {sp} ({out['config']['eval_texts'][0]}; "
+    t = Table(title=f"sparse decode I/O on {n} drives, budget {sp} (kvswarm, raid0: {args.op_budget:g}) "
+                    f"({out['config']['eval_texts'][0]}; "
                     f"caps {args.cap_mbps:g} MB/s, {args.cap_iops:g} IOPS per drive)")
     for c in ("strategy", "I/O ms/step", "MB/step", "reads/step", "util", "RA", "DRAM hit", "recall",
               "agreement"):
         t.add_column(c, justify="right")
     for name, per in out["io"].items():
-        v = per[n].get(sp)
+        v = per[n].get(str(op_for(by_name_of(name), args)))
         if v is None:
             continue
         t.add_row(name, f"{v['io_ms']:.1f}", f"{v['mb_per_step']:.1f}", f"{v['reads_per_step']:.0f}",
@@ -680,8 +708,9 @@ def plot(out: dict, args, path: str) -> None:
     sp = str(args.budget)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, per in out["io"].items():
-        ns = sorted((int(k) for k in per if sp in per[k]))
-        ax.plot(ns, [per[str(k)][sp]["io_ms"] for k in ns], marker="o", label=name)
+        own = str(op_for(by_name_of(name), args))
+        ns = sorted((int(k) for k in per if own in per[k]))
+        ax.plot(ns, [per[str(k)][own]["io_ms"] for k in ns], marker="o", label=name)
     ax.set(xlabel="drives", ylabel="I/O time per step (ms)", yscale="log", title="I/O time vs drives")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -188,7 +188,8 @@ def default_strategies(best: dict | None = None) -> list[Strategy]:
     paper_clusters = lambda td: coactivation_clusters(td, "greedy", tau=0.5, max_copies=2)  # noqa: E731
     blocks16 = lambda td: position_blocks(td, 16)  # noqa: E731  (one function: blocks and RAID-0 share the layout)
     paper_sel = lambda cl, pq: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
-    best_sel = lambda cl, pq: ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq)  # noqa: E731
+    best_sel = lambda cl, pq: ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq,  # noqa: E731
+                                              history=b.get("history", 0.0))
     return [
         Strategy("token", "token top-k (No Cluster)", lambda cl, pq: make_selector("oracle"),
                  lambda td: position_blocks(td, 1)),
@@ -242,6 +243,8 @@ def run_selector(td: TextData, selector: Selector, sparsity: float, steps: range
             t += time.perf_counter() - t0
             row.append(np.asarray(sel.positions, np.int64))
             rec[i, layer] = td.recall(s, layer, row[-1])
+            if selector.wants_feedback:  # what attention then gave the attended entries (exact)
+                selector.feedback(layer, s, row[-1], td.mass[s, layer, row[-1] - td.base])
         pos.append(row)
     n = max(1, len(steps) * td.layers)
     return Selections(pos, rec, t / n, selector.index_bytes(), float(np.mean([len(p) for r in pos for p in r])))

@@ -36,11 +36,20 @@ class ClusterSelector(Selector):
 
     def __init__(self, clusters: ClusterSource | dict[int, Clusters] | None = None, score: str = "medoid",
                  pick: str = "density", mode: str = "topk", threshold: float = 0.01, centroids: int = 64,
-                 subspaces: int = 2, pq: KMeansPQSelector | None = None) -> None:
+                 subspaces: int = 2, pq: KMeansPQSelector | None = None, history: float = 0.0,
+                 decay: float = 0.5) -> None:
         if score not in ("medoid", "pq") or pick not in ("density", "mass") or mode not in ("topk", "threshold"):
             raise ValueError(f"bad ClusterSelector options score={score!r} pick={pick!r} mode={mode!r}")
         self._source = clusters.__getitem__ if isinstance(clusters, dict) else clusters
         self.score, self.pick, self.mode, self.threshold = score, pick, mode, threshold
+        # history > 0: blend each cluster's estimate with the attention mass its members actually got
+        # when last attended (exponential average, ``decay`` per observation): activations are stable
+        # from step to step, so what a cluster drew last time predicts it better than codes alone.
+        self.history, self.decay = history, decay
+        self.wants_feedback = history > 0
+        self._hist: dict[int, np.ndarray] = {}
+        self._seen: dict[int, np.ndarray] = {}
+        self._owner: dict[int, np.ndarray] = {}
         # ``pq``: an index the caller already built over the same keys (shared with a PQ selector).
         self._pq = (pq or KMeansPQSelector(centroids, subspaces)) if score == "pq" else None
         self._pq_shared = pq is not None
@@ -72,6 +81,13 @@ class ClusterSelector(Selector):
         med = torch.from_numpy(cl.medoids - base)
         self._medoid_keys[layer] = keys.to(torch.float32).index_select(1, med).contiguous()
         self._sizes[layer] = torch.from_numpy(cl.sizes.astype(np.float32))
+        if self.history > 0:
+            self._hist[layer] = np.zeros(len(cl))
+            self._seen[layer] = np.zeros(len(cl), bool)
+            owner = np.full(int(max(m.max() for m in cl.members)) + 1, -1, np.int64)
+            for c, m in enumerate(cl.members):
+                owner[m] = c
+            self._owner[layer] = owner
         if self._pq is not None:
             if not self._pq_shared:
                 self._pq.build(layer, keys, positions)
@@ -89,9 +105,27 @@ class ClusterSelector(Selector):
         out = torch.zeros(len(self._sizes[q.layer]))
         return out.index_add_(0, self._seg[q.layer], mass[self._member_idx[q.layer]])
 
+    def feedback(self, layer: int, step: int, positions: np.ndarray, mass: np.ndarray) -> None:
+        if self.history <= 0 or layer not in self._hist:
+            return
+        owner = self._owner[layer]
+        pos = np.asarray(positions, np.int64)
+        ok = pos < len(owner)
+        c = owner[pos[ok]]
+        keep = c >= 0
+        got = np.bincount(c[keep], weights=np.asarray(mass, np.float64)[ok][keep], minlength=len(self._hist[layer]))
+        seen = np.bincount(c[keep], minlength=len(self._hist[layer])) > 0
+        h = self._hist[layer]
+        h[seen] = np.where(self._seen[layer][seen], (1 - self.decay) * h[seen] + self.decay * got[seen], got[seen])
+        self._seen[layer] |= seen
+
     def select(self, q: StepQuery, budget: int) -> Selection:
         cl = self._clusters[q.layer]
         est = self.cluster_mass(q)
+        if self.history > 0 and self._seen[q.layer].any():
+            seen = torch.from_numpy(self._seen[q.layer])
+            hist = torch.from_numpy(self._hist[q.layer]).to(est.dtype)
+            est = torch.where(seen, (1 - self.history) * est + self.history * hist, est)
         sizes = self._sizes[q.layer]
         if self.mode == "threshold":
             chosen = torch.nonzero(est >= self.threshold * est.sum()).ravel().numpy()
@@ -111,7 +145,8 @@ class ClusterSelector(Selector):
         return n + (self._pq.index_bytes() if self._pq is not None else 0)
 
     def describe(self) -> str:
-        return f"swarm({self.score},{self.pick},{self.mode})"
+        h = f",history={self.history:g}" if self.history > 0 else ""
+        return f"swarm({self.score},{self.pick},{self.mode}{h})"
 
 
 def _cover(cl: Clusters, order: np.ndarray, budget: int, overlapping: bool) -> np.ndarray:

@@ -3,8 +3,9 @@
 Adjacent layers attend to overlapping positions (about half of layer L's top entries are in
 layer L+1's on SmolLM2, against a tenth by chance), so the positions selected at layer L,
 looked up in layer L+1's layout, name pieces that layer L+1 will likely read.  A piece of L+1
-is predicted when it holds at least ``min_votes`` of L's selected positions; at most
-``max_share`` of L's own read count is prefetched (wasted reads cost bandwidth).  Reads for
+is predicted when it holds at least ``min_votes`` of L's selected positions (most votes first);
+at most ``max_share`` of L's own read count, and no more than the drives can read while layer L
+computes (``fit``): wasted or late reads cost bandwidth and time.  Reads for
 the prediction are issued right after layer L's own reads, so they overlap with L's compute;
 at layer L+1 the prefetched pieces count as in DRAM.
 """
@@ -30,7 +31,20 @@ class CrossLayerPrefetch:
         cand = cand[np.argsort(-votes[cand], kind="stable")]
         if reads is not None:
             cand = cand[:max(1, int(self.max_share * reads))]
-        return np.sort(cand)
+        return cand  # most votes first
+
+    @staticmethod
+    def fit(pieces: np.ndarray, seconds: float, cost) -> np.ndarray:
+        """The longest prefix of ``pieces`` whose reads take at most ``seconds`` (``cost(prefix)``):
+        a prefetch that outlasts the compute it hides behind only delays the layer."""
+        lo, hi = 0, len(pieces)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cost(pieces[:mid]) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return pieces[:lo]
 
 
 def precision_recall(predicted: np.ndarray, needed: np.ndarray) -> tuple[float, float]:
