@@ -61,7 +61,10 @@ def parse_size(s: str) -> int:
 
 def parse_count(s: str) -> int:
     s = s.strip().lower()
-    return int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    n = int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    if n <= 0:
+        raise ValueError(f"object count must be positive, got {s!r}")
+    return n
 
 
 def count_name(n: int) -> str:
@@ -565,9 +568,10 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    results = bench(args, console)
+    # Parse before the long run, so a bad count fails at once.
     counts = [parse_count(c) for c in (args.reopen if args.reopen is not None else "100k,1m").split(",")
               if c.strip()]
+    results = bench(args, console)
     via = args.reopen_via or ("catalog" if args.quick else "store")
     results["reopen_via"] = ("4 KiB objects written through KVStore.submit_put" if via == "store" else
                              "catalog filled directly, no data written") + \
