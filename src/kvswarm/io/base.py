@@ -31,6 +31,7 @@ class IORequest:
     tag: object = None
     result: int | None = None  # bytes transferred, or -errno; None while in flight
     t_submit: float = 0.0
+    t_done: float = 0.0  # set by engines that know when the device finished (else: harvest time)
     batch: Batch | None = None
 
     @property
@@ -123,7 +124,7 @@ class IOEngine(abc.ABC):
             st.queue_depth -= 1
             res = r.result
             if res is not None and res >= 0:
-                st.record(r.op, res, now - r.t_submit)
+                st.record(r.op, res, (r.t_done or now) - r.t_submit)
             else:
                 st.errors += 1
 

@@ -47,6 +47,8 @@ class ThreadEngine(IOEngine):
             if chunk is None:
                 return
             for r in chunk:
+                # A chunk's ops run one after another: stamp each op's own service time, not the chunk's.
+                r.t_submit = now()
                 try:
                     fd = self.fds[r.drive]
                     if r.op == Op.READ:
@@ -55,6 +57,7 @@ class ThreadEngine(IOEngine):
                         r.result = pwritev(fd, [r.buf], r.offset)
                 except OSError as e:
                     r.result = -(e.errno or 5)
+                r.t_done = now()
             self._done.put(chunk)
 
     def _submit(self, reqs: Sequence[IORequest]) -> None:
