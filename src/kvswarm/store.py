@@ -476,6 +476,8 @@ class KVStore:
     def _io_error(self, r: IORequest) -> None:
         d = self.drives[r.drive]
         log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, r.offset, r.result)
+        if r.result is not None and r.result >= 0:
+            d.stats.errors += 1  # a short transfer: the engine counted bytes, not an error
         if d.stats.errors >= self.config.error_threshold:
             d.fail(f"{d.stats.errors} I/O errors")
 
