@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 LATENCY_BUCKETS = np.array([1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
                             2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0])
 READ, WRITE = 0, 1
+FOLD_EVERY = 1 << 16  # latencies kept unfolded per op
 _OPS = ("read", "write")
 
 
@@ -37,7 +38,10 @@ class DriveStats:
     def record(self, op: int, nbytes: int, latency: float) -> None:
         self.ops[op] += 1
         self.bytes[op] += nbytes
-        self._pending_lat[op].append(latency)
+        pending = self._pending_lat[op]
+        pending.append(latency)
+        if len(pending) >= FOLD_EVERY:  # bound memory when nobody reads the histogram
+            self._fold()
 
     def _fold(self) -> None:
         with self._lock:

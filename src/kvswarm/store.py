@@ -371,20 +371,22 @@ class KVStore:
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         found: list[tuple[int, bytes, Entry]] = []
-        exts: list[tuple[int, int, int, int]] = []  # every extent to read, in order
         get = self.catalog.entries.get
+        nbytes = 0
         for i, digest in enumerate(digests):
             e = get(digest)
             if e is not None:
                 found.append((i, digest, e))
-                exts += e.extents
-        lease = self.pool.lease(sum([x[2] for x in exts])) if exts else None
+                for x in e.extents:
+                    nbytes += x[2]
         reqs: list[IORequest] = []  # one per extent, in catalog order: _finish_get walks them in step
+        lease = self.pool.lease(nbytes) if nbytes else None
         if lease is not None:
             view, pos, read, req, add = lease.view, 0, Op.READ, IORequest, reqs.append
-            for drv, off, ln, _ in exts:
-                add(req(drv, read, off, view[pos:pos + ln]))
-                pos += ln
+            for _, _, e in found:
+                for drv, off, ln, _ in e.extents:
+                    add(req(drv, read, off, view[pos:pos + ln]))
+                    pos += ln
         live = reqs
         if not all(d.healthy for d in self.drives):
             live = []

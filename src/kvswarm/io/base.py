@@ -40,12 +40,16 @@ class IORequest:
 
 
 class Batch:
-    """Requests submitted together; lets many callers share one engine."""
+    """Requests submitted together; lets many callers share one engine.
 
-    __slots__ = ("reqs", "remaining")
+    It keeps no list of its requests: requests point at their batch, and a back-pointer
+    would make every batch a reference cycle that only the cyclic GC frees (that cost
+    ~20% of a 4 KiB read's CPU time).
+    """
+
+    __slots__ = ("remaining",)
 
     def __init__(self, reqs: Sequence[IORequest]) -> None:
-        self.reqs = reqs
         self.remaining = len(reqs)
         for r in reqs:
             r.batch = self
