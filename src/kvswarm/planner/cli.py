@@ -206,7 +206,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.planner.cost import enumerate_mixes
     from kvswarm.planner.models import resolve_model
     from kvswarm.planner.project import Planner, PlanSettings
-    from kvswarm.planner.report import plan_json, plot_pareto, print_result, write_json
+    from kvswarm.planner.report import plan_json, plot_pareto, print_result, write_outputs
     from kvswarm.planner.search import search
 
     t0 = time.perf_counter()
@@ -255,13 +255,8 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     print_result(console, res, ctx)
     doc = plan_json(res, ctx)
     plot = args.plot or (str(Path(args.json).with_suffix("")) + "_pareto.png" if args.json else None)
-    if plot:
-        plot_pareto(res, plot, f"{model.name} on {wl.name}: cost vs TTFT")
-        doc["plots"] = [plot]
-        console.print(f"plot: {plot}")
-    if args.json:
-        write_json(args.json, doc)
-        console.print(f"json: {args.json}")
+    write_outputs(console, doc, args.json, plot,
+                  lambda path: plot_pareto(res, path, f"{model.name} on {wl.name}: cost vs TTFT"))
     console.print(f"planned in {time.perf_counter() - t0:.1f} s")
     return 0 if res.recommended else 1
 

@@ -105,14 +105,42 @@ def _jsonable(o):
     raise TypeError(f"not JSON-serialisable: {type(o)}")
 
 
-def plot_pareto(res: SearchResult, path: str | Path, title: str) -> None:
+def new_figure(path: str | Path, **subplots: object):
+    """(figure, axes) from matplotlib's file-only backend, with ``path``'s folder made."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    return plt.subplots(**subplots)
+
+
+def save_figure(fig, ax, path: str | Path, title: str, legend_size: int = 8) -> None:
+    """Title, grid and legend on ``ax``, then write ``fig`` to ``path`` and free it."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(console: Console, doc: dict, json_path: str | None, plot_path: str | None, draw) -> None:
+    """Draw the plot (``draw(path)``) and write the JSON document, each only where a path was given."""
+    if plot_path:
+        draw(plot_path)
+        doc["plots"] = [plot_path]
+        console.print(f"plot: {plot_path}")
+    if json_path:
+        write_json(json_path, doc)
+        console.print(f"json: {json_path}")
+
+
+def plot_pareto(res: SearchResult, path: str | Path, title: str) -> None:
+    fig, ax = new_figure(path, figsize=(8, 5.5))
     ok = [p for p in res.screened if not p.saturated]
     ax.scatter([p.cost_per_mtok_usd for p in ok], [p.ttft_mean_s for p in ok], s=12, c="0.7",
                label="screened mixes (closed form)")
@@ -133,12 +161,7 @@ def plot_pareto(res: SearchResult, path: str | Path, title: str) -> None:
                    label=f"recommended: {r.mix.label}")
     ax.set_xlabel("cost per million tokens served (USD, KV tier + prefill GPUs)")
     ax.set_ylabel("mean TTFT (s)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path, title)
 
 
 def console() -> Console:

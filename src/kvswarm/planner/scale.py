@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvswarm.planner.report import console as make_console
+from kvswarm.planner.report import new_figure, save_figure, write_outputs
 
 HELP = "project sparse-decode read throughput for 1-64 drives; find where the host link binds"
 SWARM_8_GBPS = 37.67  # Swarm, arXiv 2603.17803: 8 SSDs
@@ -83,7 +84,6 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.placement import make_placement
     from kvswarm.planner.catalog import load_catalog
     from kvswarm.planner.models import resolve_model
-    from kvswarm.planner.report import write_json
 
     cat = load_catalog(args.catalog)
     model = resolve_model(args.model, layers=args.layers, kv_heads=args.kv_heads, head_dim=args.head_dim,
@@ -148,24 +148,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                        "sparse_fraction": args.sparse_fraction, "cluster_tokens": args.cluster_tokens,
                        "swarm_8_gbps": SWARM_8_GBPS}, "summary": summary, "series": series}
     plot = args.plot or (str(Path(args.json).with_suffix("")) + "_scale.png" if args.json else None)
-    if plot:
-        _plot(series, plot, f"{model.name}: sparse decode reads vs drives")
-        doc["plots"] = [plot]
-        console.print(f"plot: {plot}")
-    if args.json:
-        write_json(args.json, doc)
-        console.print(f"json: {args.json}")
+    write_outputs(console, doc, args.json, plot,
+                  lambda path: _plot(series, path, f"{model.name}: sparse decode reads vs drives"))
     return 0
 
 
 def _plot(series: dict, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = new_figure(path, figsize=(8, 5.5))
     # colour: host link; line: placement; marker: drive variant
     links = sorted({s["link"] for s in series.values()})
     drives = sorted({s["drive"] for s in series.values()})
@@ -179,9 +168,4 @@ def _plot(series: dict, path: str, title: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("drives")
     ax.set_ylabel("read throughput (GB/s)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, path, title, legend_size=7)

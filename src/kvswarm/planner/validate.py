@@ -38,6 +38,7 @@ from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE, payload_checksum
 from kvswarm.planner.report import console as make_console
+from kvswarm.planner.report import new_figure, write_outputs
 from kvswarm.sim.devices import DriveModel, LinkModel
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
@@ -290,7 +291,6 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.io.throttle import DriveCaps
     from kvswarm.placement import make_placement
-    from kvswarm.planner.report import write_json
     from kvswarm.testbed import Testbed
 
     if not args.drives or min(args.drives) < 1:
@@ -361,23 +361,15 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     doc = {"summary": summary, "emulation": emulation, "calibration": cal, "configs": results,
            "caps": {"read_mbps": args.cap_mbps, "read_iops": args.cap_iops}, "backend": args.backend,
            "placement": args.placement}
-    if args.json:
-        plot = str(Path(args.json).with_suffix("")) + "_validate.png"
-        _plot(results, plot)
-        doc["plots"] = [plot]
-        write_json(args.json, doc)
-        console.print(f"json: {args.json}\nplot: {plot}")
+    plot = str(Path(args.json).with_suffix("")) + "_validate.png" if args.json else None
+    write_outputs(console, doc, args.json, plot, lambda path: _plot(results, path))
     return 0
 
 
 def _plot(results: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = new_figure(path, ncols=2, figsize=(10, 4))
     names = [f"{r['drives']}d/{r['object_kib']}K" for r in results]
     x = range(len(results))
     for ax, key, scale, unit in ((axes[0], "throughput_Bps", 1e6, "MB/s"), (axes[1], "mean_io_time_s", 1e-3, "ms")):
