@@ -38,9 +38,12 @@ class DriveStats:
     def record(self, op: int, nbytes: int, latency: float) -> None:
         self.ops[op] += 1
         self.bytes[op] += nbytes
-        pending = self._pending_lat[op]
-        pending.append(latency)
-        if len(pending) >= FOLD_EVERY:  # bound memory when nobody reads the histogram
+        self._pending_lat[op].append(latency)
+        self.fold_if_long()
+
+    def fold_if_long(self) -> None:
+        """Bound the memory of unread latencies (a long run that nobody scrapes)."""
+        if len(self._pending_lat[READ]) >= FOLD_EVERY or len(self._pending_lat[WRITE]) >= FOLD_EVERY:
             self._fold()
 
     def _fold(self) -> None:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from kvswarm.errors import KVSwarmError
-from kvswarm.io.base import IOEngine, IORequest, Op, now
+from kvswarm.io.base import Batch, IOEngine, IORequest, Op, now
 
 
 class UringEngine(IOEngine):
@@ -74,34 +74,47 @@ class UringEngine(IOEngine):
 
     def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
         with self._lock:
-            if not self._inflight:
-                return []
-            cqes = self._ring.wait(timeout)
-            if not cqes:
-                return []
-            t = now()
-            out = []
-            depth, stats = self._drive_inflight, self.stats
-            for c in cqes:  # IOEngine._complete, inlined: this loop runs once per I/O
-                r: IORequest = c.user_data
-                res = r.result = c.res
-                d = r.drive
-                depth[d] -= 1
-                b = r.batch
-                if b is not None:
-                    b.remaining -= 1
-                st = stats[d]
-                st.queue_depth -= 1
-                if res >= 0:
-                    st.record(r.op, res, t - r.t_submit)
-                else:
-                    st.errors += 1
-                out.append(r)
-            self._ring_room += len(out)
-            self._inflight -= len(out)
-            self._fill()
-            self._ring.submit()
-            return out
+            return [c.user_data for c in self._reap(timeout)]
+
+    def wait(self, batch: Batch) -> None:
+        while not batch.done:
+            with self._lock:
+                self._reap(None)
+
+    def _reap(self, timeout: float | None) -> list:
+        """Account the ring's completions (the caller holds the lock), refill and submit."""
+        if not self._inflight:
+            return []
+        cqes = self._ring.wait(timeout)
+        if not cqes:
+            return []
+        t = now()
+        depth, stats = self._drive_inflight, self.stats
+        for c in cqes:  # IOEngine._complete and DriveStats.record, inlined: this loop runs once per I/O
+            r: IORequest = c.user_data
+            res = r.result = c.res
+            d = r.drive
+            depth[d] -= 1
+            b = r.batch
+            if b is not None:
+                b.remaining -= 1
+            st = stats[d]
+            st.queue_depth -= 1
+            if res >= 0:
+                op = r.op
+                st.ops[op] += 1
+                st.bytes[op] += res
+                st._pending_lat[op].append(t - r.t_submit)
+            else:
+                st.errors += 1
+        for st in stats.values():
+            st.fold_if_long()
+        n = len(cqes)
+        self._ring_room += n
+        self._inflight -= n
+        self._fill()
+        self._ring.submit()
+        return cqes
 
     def inflight(self) -> int:
         return self._inflight
