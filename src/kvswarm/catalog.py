@@ -88,6 +88,7 @@ class Catalog:
         self._pending: list[bytes] = []
         self._records_since_ckpt = 0
         self._lock = threading.Lock()
+        self._ckpt_extents: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._load()
         self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
 
@@ -122,6 +123,8 @@ class Catalog:
         arr = np.frombuffer(body, CKPT_DTYPE)
         if not rows:
             return
+        self._ckpt_extents = (arr["drive"].astype(np.int64), arr["offset"].astype(np.int64),
+                              arr["length"].astype(np.int64))
         # Rows are grouped by object (parts in order), so an object starts where part == 0.
         starts = np.flatnonzero(arr["part"] == 0)
         # V16 keeps trailing NUL bytes of a digest (S16 would strip them).
@@ -165,6 +168,8 @@ class Catalog:
             pos += ln
             replayed += 1
         view.release()
+        if replayed:
+            self._ckpt_extents = None
         self.replayed += replayed
         self.next_generation = top_gen + 1
         self.torn_tail = pos != n
@@ -245,7 +250,15 @@ class Catalog:
     def __iter__(self) -> Iterator[tuple[bytes, Entry]]:
         return iter(list(self.entries.items()))
 
+    def take_checkpoint_extents(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(drive, offset, length) of every extent held, while the catalog is exactly the
+        checkpoint it was loaded from (no replayed record, no change since); else None.
+        Lets a reopen rebuild free space without walking the entries; given out once (memory)."""
+        cols, self._ckpt_extents = self._ckpt_extents, None
+        return cols
+
     def _append(self, rec: bytes) -> None:
+        self._ckpt_extents = None
         self._pending.append(rec)
         self._records_since_ckpt += 1
         if len(self._pending) >= 4096:

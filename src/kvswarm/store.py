@@ -8,6 +8,7 @@ is a counted miss, never data.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import logging
@@ -80,7 +81,7 @@ class GetResult:
 
     Views stay valid until :meth:`release`; drop numpy arrays or tensors made from them first
     (a buffer still exported by one makes ``release`` raise ``BufferError``).  An object made of several extents is
-    returned as a fresh contiguous copy (its parts are not adjacent in the lease).
+    made contiguous in the lease after verification (later parts slide over the headers between them).
     """
 
     keys: Sequence[bytes]
@@ -208,12 +209,17 @@ class KVStore:
         from kvswarm.allocator import ExtentAllocator
 
         entries = self.catalog.entries
-        counts = np.fromiter((len(e.extents) for e in entries.values()), np.int64, len(entries))
-        ext = np.fromiter(itertools.chain.from_iterable(x[:3] for e in entries.values() for x in e.extents),
-                          np.int64, 3 * int(counts.sum())).reshape(-1, 3)
-        drv, off, ln = ext[:, 0], ext[:, 1], ext[:, 2]
         caps = np.array([d.capacity for d in self.drives], np.int64)
-        stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
+        cols = self.catalog.take_checkpoint_extents()  # a reopen after a clean close: no walk over the entries
+        if cols is not None:
+            drv, off, ln = cols
+            stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
+        if cols is None or stale.any():
+            counts = np.fromiter((len(e.extents) for e in entries.values()), np.int64, len(entries))
+            ext = np.fromiter(itertools.chain.from_iterable(x[:3] for e in entries.values() for x in e.extents),
+                              np.int64, 3 * int(counts.sum())).reshape(-1, 3)
+            drv, off, ln = ext[:, 0], ext[:, 1], ext[:, 2]
+            stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
             owner = np.repeat(np.arange(len(entries)), counts)
             digests = list(entries)
@@ -442,25 +448,25 @@ class KVStore:
                     continue
                 parts = len(ext)
                 plen = e.payload_len
-                chunks = []
+                spans = []  # (lease offset of the part's payload, its size)
+                a = pos
                 remaining = plen
                 for part, (drv, _, ln, csum) in enumerate(ext):
                     r = reqs[k + part]
-                    a = pos + sum(x[2] for x in ext[:part])
-                    size = min(remaining, ln - HEADER_SIZE)
+                    size = min(remaining, ln - hs)
                     remaining -= size
                     if r.result != ln:
                         self._read_failed(r)
                         break
-                    payload = r.buf[HEADER_SIZE:HEADER_SIZE + size]
-                    if mm[a:a + HEADER_SIZE] != header_bytes(digest, plen, part, parts, e.generation, csum) \
-                            or h3(payload) != csum:
+                    if mm[a:a + hs] != header_bytes(digest, plen, part, parts, e.generation, csum) \
+                            or h3(r.buf[hs:hs + size]) != csum:
                         self.drives[drv].stats.misses += 1
                         corrupt += 1
                         break
-                    chunks.append(payload)
+                    spans.append((a + hs, size))
+                    a += ln
                 else:
-                    views[i] = b"".join(chunks)
+                    views[i] = self._join_in_place(lease, spans)
                     hits += 1
                 k += parts
                 pos += sum(x[2] for x in ext)
@@ -469,6 +475,17 @@ class KVStore:
         self.counters["misses"] += n - hits
         self.counters["corrupt"] += corrupt
         return GetResult(keys, views, lease, n - hits, corrupt)
+
+    def _join_in_place(self, lease: Lease, spans: list[tuple[int, int]]) -> memoryview:
+        """One contiguous view of a verified multi-extent object: later parts' payloads slide
+        over the headers between them, inside the lease (no new allocation, one memmove each)."""
+        base = self.pool.base_address
+        dst = spans[0][0] + spans[0][1]
+        for src, size in spans[1:]:
+            ctypes.memmove(base + dst, base + src, size)  # overlapping ranges: memmove semantics
+            dst += size
+        start = spans[0][0] - lease.offset
+        return lease.view[start:start + dst - spans[0][0]]
 
     def _read_failed(self, r: IORequest) -> None:
         """A read that did not return its whole extent: an I/O error unless its drive is out of service."""

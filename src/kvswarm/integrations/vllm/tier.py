@@ -37,7 +37,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvswarm.integrations.keys import KeySpace, layout_dtype
-from kvswarm.format import HEADER_SIZE, extent_size
+from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
 from kvswarm.tiers.eviction import make_eviction
@@ -152,12 +152,14 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._flat = primary_kv_view.cast("B")
         self.layout = vllm_layout(offloading_spec, self.block_size_bytes, model_id)
         self.keyspace = KeySpace.of("vllm", self.layout, tenant)
+        self._prefix = self.keyspace.prefix
         self.store = KVStore(StoreConfig(
             drives=list(drives), meta_dir=meta_dir, capacity_per_drive=int(capacity_per_drive), backend=backend,
             queue_depth=queue_depth, placement=placement,
             # One extent per chunk by default: reads then land in place, with no join of parts.
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
+        self._catalog = self.store.catalog.entries
         self.durable = durable
         self.flush_interval = flush_interval
         self.max_batch_bytes = max_batch_bytes  # smaller batches: copy-out of one overlaps reads of the next
@@ -183,9 +185,10 @@ class KVSwarmTierManager(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        # The catalog is in memory: a lookup is a dict probe, even right after a restart.
-        sk = self.keyspace.key(key)
-        if not self.store.contains(sk):
+        # The catalog is in memory: a lookup is one digest and a dict probe, even right after a
+        # restart (inlined: the scheduler looks up every block of every new request).
+        sk = self._prefix + key
+        if KEY_DIGEST(sk) not in self._catalog:
             return LookupResult.MISS
         self._seen.put(sk)  # recency is the driver's business: the scheduler thread only queues
         return LookupResult.HIT
