@@ -8,6 +8,8 @@ then DMA-able.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import mmap
 from typing import TYPE_CHECKING
 
@@ -83,6 +85,8 @@ class BufferPool:
 
     def address(self) -> int:
         """Base address of the region (for cudaHostRegister / GPUDirect registration)."""
-        import ctypes
+        return self.base_address
 
+    @functools.cached_property
+    def base_address(self) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(self._mmap))
