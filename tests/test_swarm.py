@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.placement import DriveView
 from kvswarm.sparse.base import StepQuery
@@ -355,3 +356,109 @@ def test_bench_strategies_estimate_and_replay(store):
     assert len(written) == 5  # token, blocks (= raid0), kmeans, swarm (+ ablations), kvswarm
     assert interp_io([(0.5, 10.0), (0.9, 40.0)], 0.7)[0] == pytest.approx(20.0)
     assert interp_io([(0.5, 10.0), (0.6, 40.0)], 0.7)[1].startswith("not reached")
+
+
+def test_preloaded_cache_serves_from_dram_after_load(store):
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=2)
+    off = np.arange(4, 84)
+    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
+               for _ in range(2)]
+    sizes = {i: np.array([len(p.positions) for p in layouts[i].pieces]) for i in range(2)}
+    cache = UnitCache(CostBenefit(20), sizes)
+    cache.preload(1, np.array([0, 1, 2]), np.array([5, 5, 5]))  # the third does not fit (capacity 20)
+    assert cache.mask(1, len(sizes[1])).sum() == 2 and len(cache.policy) == 16
+    assert cache.policy.freq((1, 0)) == pytest.approx(5)
+    seq = SwarmSequence.create(store, data, list(range(100)), lay, layouts, cache=cache)
+    assert seq.load_cached() == 2
+    want = np.concatenate([layouts[1].pieces[0].positions, layouts[1].pieces[1].positions[:3]])
+    f = seq.fetch(1, want)
+    assert seq.last.plan.reads == [] and seq.last.plan.dram_hits == len(want)
+    torch.testing.assert_close(f.keys, data[1][0][0][:, want])
+
+
+def test_layer_allocation_gives_concentrated_layers_less():
+    from kvswarm.swarm.index import LayerAllocation
+
+    n = 100
+    mass = np.ones((4, 2, n))
+    mass[:, 0, :5] = 1000.0  # layer 0: five entries hold almost everything
+    al = LayerAllocation.from_profile(mass, floor=0.25)
+    b = al.budgets(20)
+    assert b.sum() == pytest.approx(40, abs=1) and b[0] < 20 < b[1]
+    assert b[0] >= 5  # the floor (0.25 * 20)
+    assert al.budget(5, 20) == 20  # a layer the profile never saw keeps the plain budget
+
+
+def test_warm_cache_takes_the_profile_hottest_pieces():
+    from kvswarm.swarm.experiment import TextData, build_layouts, make_cache, position_blocks
+    from kvswarm.swarm.experiment import default_strategies
+
+    td = TextData(synthetic_capture(), "synthetic", profile_steps=6)
+    st = next(s for s in default_strategies() if s.name == "kvswarm")
+    model = DriveModel(40e6, 2000)
+    eb = 2 * 3 * 64 * 4
+    blocks = position_blocks(td, 8)
+    lays = build_layouts(st, td, blocks, 2, eb, model)
+    cap = int(0.1 * td.n * td.layers)
+    cache = make_cache(st, cap, lays, model, eb, td)
+    assert 0 < len(cache.policy) <= cap
+    share = td.mass[:6] / td.mass[:6].sum(2, keepdims=True)
+    for layer, lay in enumerate(lays):
+        held = cache.mask(layer, len(lay.pieces))
+        dens = np.array([share[:, layer, p.positions - td.base].mean(0).sum() / len(p.positions) for p in lay.pieces])
+        if held.any() and (~held).any():  # every cached piece is at least as hot as the hottest left out
+            assert dens[held].min() >= np.sort(dens[~held])[-1] - 1e-9 or len(cache.policy) + 8 > cap
+    cold = next(s for s in default_strategies() if s.name == "kvswarm_cold")
+    assert len(make_cache(cold, cap, lays, model, eb, td).policy) == 0
+
+
+def test_store_sequence_keeps_replicas_as_page_copies(store):
+    """The offload package's StoreSequence stores a co-activation layout's replicas as extra
+    copies of a page (Group.copies): reads spread over copies, fall back to another copy when
+    one is missing or corrupt or its drive failed, and a reopened sequence keeps them."""
+    from kvswarm.offload import StoreSequence
+    from kvswarm.offload.grouping import PageTable
+
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=3)
+    off = np.arange(4, 84)
+    cl = contiguous(off, 8)
+    layouts = {i: plan_layout(cl, 3, lay.entry_bytes, mode="balanced", piece_bytes=4096) for i in range(2)}
+    for lay_ in layouts.values():  # every piece gets a replica on the next drive
+        for p in lay_.pieces:
+            p.drives.append((p.drives[0] + 1) % 3)
+    groups = CoactivationGrouping(layouts).group(0, off, None, 10)
+    assert all(len(g.copies) == 1 for g in groups)
+    with pytest.raises(ValueError):  # repeats are still refused
+        PageTable.from_groups(groups + groups[:1], 100, 10)
+    seq = StoreSequence.create(store, data, list(range(100)), lay, sinks=4, window=16, page_bytes=16384,
+                               grouping=CoactivationGrouping(layouts))
+    assert seq.object_count() == 2 * 2 * len(groups)
+    t = seq.tables[1]
+    assert t.copies(0) == 2
+    drives = {store.catalog.entries[key_digest(seq.copy_key(1, 0, c))].extents[0][0] for c in range(2)}
+    assert len(drives) == 2  # the copies are on different drives
+    drive0 = lambda p: store.catalog.entries[key_digest(seq.copy_key(1, p, 0))].extents[0][0]  # noqa: E731
+    same = np.array([p for p in range(len(t.pages)) if drive0(p) == drive0(0)])
+    assert len(same) >= 2
+    copy = seq.choose_copies(1, same)
+    assert 0 < copy.sum() < len(copy)  # pages whose first copies share a drive are spread over both
+    want = np.array([5, 17, 40, 41, 70])
+    f = seq.fetch(1, want)
+    assert not len(f.missing)
+    torch.testing.assert_close(f.keys, data[1][0][0][:, want])
+    # copy 0 of every page gone: the other copies serve, nothing is missing
+    for p in range(len(t.pages)):
+        store.delete(seq.copy_key(1, p, 0))
+    f = seq.fetch(1, off)
+    assert not len(f.missing) and f.pages_missing == 0
+    torch.testing.assert_close(f.values, data[1][1][0][:, off])
+    again = StoreSequence.open(store, lay, seq.seq_id)
+    assert again.tables[0].copies(3) == 2 and again.object_count() == seq.object_count()
+    torch.testing.assert_close(again.fetch(0, want).keys, data[0][0][0][:, want])
+    # a failed drive: copies on the others are chosen
+    store.fail_drive(2)
+    f = seq.fetch(0, off)
+    assert not len(f.missing)
+    torch.testing.assert_close(f.keys, data[0][0][0][:, off])

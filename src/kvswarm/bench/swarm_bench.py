@@ -58,11 +58,13 @@ from kvswarm.swarm.experiment import (
 from kvswarm.swarm.retrieval import DriveModel
 
 MiB = 1 << 20
-QUICK = {"io_steps": 5, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
+# io_steps: timed steps per point (+1 untimed warm-up); the full run is sized to finish in ~20-25
+# min on the shared 2-core machine (most of it the token and no-dedup baselines' many small reads).
+QUICK = {"io_steps": 4, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
          "eval_texts": ["man:0", "licenses:0"], "tune": "small", "online_layers": 4}
-FULL = {"io_steps": 16, "curve": [0.025, 0.05, 0.1, 0.2, 0.3, 0.4], "agreement_steps": 24,
+FULL = {"io_steps": 8, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 16,
         "contexts": [1024, 2048, 4096, 8192], "eval_texts": ["man:0", "licenses:0", "pydoc:1"], "tune": "full",
-        "online_layers": 10}
+        "online_layers": 6}
 BASELINES = ("token", "blocks", "kmeans")
 
 
@@ -116,8 +118,9 @@ def load_text(spec: TextSpec, model: ModelOnce, log, profile_steps: int, steps: 
 @dataclass
 class TextRun:
     td: TextData
-    pq: object
+    pq: object  # the default (64, 2) PQ index (the k-means baseline's)
     clusters: dict = field(default_factory=dict)  # clustering function -> per-layer clusters
+    pqs: dict = field(default_factory=dict)  # (centroids, subspaces) -> other PQ indexes of the text
     selections: dict[tuple[str, float], Selections] = field(default_factory=dict)
     cluster_s: dict[str, float] = field(default_factory=dict)
 
@@ -129,13 +132,23 @@ class TextRun:
             self.cluster_s[st.name] = time.perf_counter() - t0
         return self.clusters[st.clusters]
 
+    def pq_of(self, st: Strategy):
+        """The text's PQ index with the strategy's code configuration (built once per configuration)."""
+        if tuple(st.pq) == (64, 2):
+            return self.pq
+        if tuple(st.pq) not in self.pqs:
+            self.pqs[tuple(st.pq)] = build_pq(self.td, *st.pq)
+        return self.pqs[tuple(st.pq)]
+
+    def selector(self, st: Strategy):
+        return st.selector(self.clusters_of(st), self.pq_of(st), self.td)
+
     def select(self, st: Strategy, strategies: dict[str, Strategy], sparsity: float, steps: range) -> Selections:
         owner = strategies[st.selection_of] if st.selection_of else st
         k = (owner.name, sparsity)
         if k not in self.selections:
-            cl = self.clusters_of(owner)
             with small_ops():
-                self.selections[k] = run_selector(self.td, owner.selector(cl, self.pq), sparsity, steps,
+                self.selections[k] = run_selector(self.td, self.selector(owner), sparsity, steps,
                                                   build=not owner.prebuilt)
         return self.selections[k]
 
@@ -147,7 +160,7 @@ def estimate(run: TextRun, st: Strategy, strategies, sparsity: float, steps: ran
     sel = run.select(st, strategies, sparsity, steps)
     lays = build_layouts(st, td, run.clusters_of(st), drives, entry_bytes(td), model)
     rets = retrievers(st, lays, simulated_drives(lays, drives), td.cap.prompt_len, entry_bytes(td), drives, model)
-    cache = make_cache(st, int(dram * td.n * td.layers), lays, model, entry_bytes(td))
+    cache = make_cache(st, int(dram * td.n * td.layers), lays, model, entry_bytes(td), td)
     return sel, plan_steps(rets, sel, cache, None, model).summary(drives, model, entry_bytes(td))
 
 
@@ -228,8 +241,10 @@ def write_sequence(store, run: TextRun, st: Strategy, n: int, model: DriveModel,
                                             model=model)
         write_s = time.perf_counter() - t0
     base = written[key]
-    cache = make_cache(st, int(dram * td.n * td.layers), base.layouts, model, entry_bytes(td))
-    return base.view(assign=st.assign, dedup=st.dedup, cache=cache), write_s
+    cache = make_cache(st, int(dram * td.n * td.layers), base.layouts, model, entry_bytes(td), td)
+    seq = base.view(assign=st.assign, dedup=st.dedup, cache=cache)
+    seq.load_cached()  # a preloaded cache's pieces are read now (at prefill), not during the timed steps
+    return seq, write_s
 
 
 def replay(seq, sel: Selections, model: DriveModel, warm: int = 1, mode: str = "step") -> IOResult:
@@ -335,7 +350,7 @@ def agreement(run: TextRun, st: Strategy, strategies, sparsity: float, steps: in
            torch.from_numpy(np.concatenate([cap.v[i], cap.dv[i, :, :p]], 1))[None]) for i in range(cap.layers)]
     tokens = np.concatenate([cap.tokens, cap.fed[:p]])
     src = MemorySequence(kv, tokens, kv_layout(cap), SINKS, WINDOW + p)
-    sel = owner.selector(run.clusters_of(owner), run.pq)
+    sel = run.selector(owner)
     if not owner.prebuilt:
         for layer in range(td.layers):
             sel.build(layer, td.keys[layer], td.off)
@@ -482,13 +497,13 @@ def bench(args: argparse.Namespace, console) -> dict:
     prof.pq = build_pq(prof.td)
     tsteps = range(prof.td.profile_steps, prof.td.profile_steps + 6)
     tok = next(s for s in default_strategies() if s.name == "token")
-    target = float(run_selector(prof.td, tok.selector(None, None), args.budget, tsteps).recall.mean())
-    grid = [{"clusterer": c, "size": s} for c in ("partition", "frequency") for s in (8, 12, 16)] \
-        if cfg["tune"] == "full" else [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
-                                       {"clusterer": "partition", "size": 20}]
+    target = float(run_selector(prof.td, tok.selector(None, None, prof.td), args.budget, tsteps).recall.mean())
+    grid = [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
+            {"clusterer": "partition", "size": 20}]
     if cfg["tune"] == "full":
-        grid += [{"clusterer": "partition", "size": 12, "piece_bytes": pb, "replicate": r}
-                 for pb in (24 << 10, 96 << 10) for r in (0.0, 0.3)]
+        grid += [{"clusterer": "partition", "size": 8}, {"clusterer": "partition", "size": 16},
+                 {"clusterer": "partition", "size": 12, "piece_bytes": 24 << 10, "replicate": 0.3},
+                 {"clusterer": "partition", "size": 12, "piece_bytes": 96 << 10, "replicate": 0.0}]
     log(f"tuning kvswarm on {prof.td.label} (target recall {target:.3f}: the token oracle at {args.budget:g})")
     best, rows = tune(prof, grid, [args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget],
                       tsteps, model, args.dram, target, log)
@@ -504,6 +519,9 @@ def bench(args: argparse.Namespace, console) -> dict:
         f"matches the token oracle's at {args.budget:g})")
     strategies = default_strategies(best)
     by_name = {s.name: s for s in strategies}
+
+    phase = {"tune": time.perf_counter() - t0}
+    t_ph = time.perf_counter()
 
     # 2. evaluation texts: selections and recall curves
     runs: dict[str, TextRun] = {}
@@ -532,6 +550,9 @@ def bench(args: argparse.Namespace, console) -> dict:
             log(f"  {name:55s} read/needed {v['read_per_needed']:.2f}  reads/step striped "
                 f"{v['reads_per_step_striped']:.0f} whole {v['reads_per_step_whole']:.0f}  model ms striped "
                 f"{v['io_model_ms_striped']:.1f} whole {v['io_model_ms_whole']:.1f}")
+
+    phase["selections_clusterings"] = time.perf_counter() - t_ph
+    t_ph = time.perf_counter()
 
     # 3. real I/O: every strategy on N drives; the full recall/I-O curve on the largest N
     out["io"] = {}
@@ -566,8 +587,13 @@ def bench(args: argparse.Namespace, console) -> dict:
             finally:
                 store.close()
 
+    phase["io"] = time.perf_counter() - t_ph
+    t_ph = time.perf_counter()
+
     # 4. utilisation vs context length (largest N, operating budget)
     out["context"] = context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, nmax)
+    phase["context"] = time.perf_counter() - t_ph
+    t_ph = time.perf_counter()
 
     # 5. quality: token agreement (decode through the offloaded cache), online maintenance
     if not args.no_agreement:
@@ -582,13 +608,18 @@ def bench(args: argparse.Namespace, console) -> dict:
     layers = list(np.linspace(1, io_run.td.layers - 1, cfg["online_layers"]).astype(int))
     out["online"] = online_experiment(io_run, by_name["kvswarm"], [int(x) for x in layers], args.budget)
     out["config"]["op_budget"] = args.op_budget
+    phase["agreement_online"] = time.perf_counter() - t_ph
+    phase["total"] = time.perf_counter() - t0
+    out["phase_s"] = phase
+    log("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in phase.items()))
     out["summary"] = summarize(out, args, nmax)
     return out
 
 
 def prefetch_experiment(seq, run: TextRun, st, by_name, args, model) -> dict:
     sel = run.select(st, by_name, args.op_budget, range(run.td.profile_steps, run.td.profile_steps + 4))
-    cache = make_cache(st, int(args.dram * run.td.n * run.td.layers), seq.layouts, model, entry_bytes(run.td))
+    cache = make_cache(st, int(args.dram * run.td.n * run.td.layers), seq.layouts, model, entry_bytes(run.td),
+                       run.td)
     return prefetch_model(seq.retrievers, sel, cache, model, args.compute_ms / 1e3)
 
 
@@ -642,6 +673,10 @@ def summarize(out: dict, args, n: int) -> dict:
             s[key + "_basis"] = how
             at_m, _ = interp_io([(v["recall"], v["io_model_ms"]) for v in io[name][str(n)].values()], best["recall"])
             s[key.replace("speedup", "model_speedup")] = at_m / best["io_model_ms"]
+    if "kvswarm_cold" in io and "blocks" in io:  # ablation: kvswarm without the preloaded DRAM cache
+        cold = io["kvswarm_cold"][str(n)][sp]
+        at, _ = interp_io([(v["recall"], v["io_ms"]) for v in io["blocks"][str(n)].values()], cold["recall"])
+        s["cold_speedup_vs_block"] = at / cold["io_ms"]
     s["kvswarm_budget"] = args.op_budget
     s["token_budget"] = args.budget
     for nn, per in io["kvswarm"].items():
@@ -667,7 +702,7 @@ def curve_for(st: Strategy, cfg: dict, args) -> list[float]:
 
 
 def by_name_of(name: str) -> Strategy:
-    return Strategy(name, name, None, None, selection_of="kvswarm" if name == "raid0" else None)
+    return Strategy(name, name, None, None, selection_of="kvswarm" if name in ("raid0", "kvswarm_cold") else None)
 
 
 # ---- output ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +29,9 @@ class Group:
 
     positions: np.ndarray  # int64
     hint: object = None  # passed to the store's placement strategy
+    # Placement hints of extra copies of the same object (selective replication): a read takes
+    # one copy, and another when that one is missing or corrupt.
+    copies: list = field(default_factory=list)
 
 
 def entries_per_page(page_bytes: int, entry_bytes: int) -> int:
@@ -85,6 +88,11 @@ class PageTable:
     page_of: np.ndarray  # int32 [universe], -1 = not offloaded
     slot_of: np.ndarray  # int32 [universe]
     pages: list[np.ndarray]  # positions of each page, in slot order
+    extra: np.ndarray | None = None  # int16 [pages]: extra copies of each page (None: none)
+
+    def copies(self, page: int) -> int:
+        """Stored copies of ``page`` (1 without replication)."""
+        return 1 + (int(self.extra[page]) if self.extra is not None else 0)
 
     @classmethod
     def from_groups(cls, groups: list[Group], universe: int, capacity: int) -> PageTable:
@@ -97,7 +105,11 @@ class PageTable:
                 raise ValueError(f"group {i} repeats an entry already placed in another group")
             page_of[g.positions] = i
             slot_of[g.positions] = np.arange(len(g.positions), dtype=np.int32)
-        return cls(page_of, slot_of, [np.asarray(g.positions, np.int64) for g in groups])
+        extra = np.array([len(g.copies) for g in groups], np.int16)
+        if (extra > 255).any():
+            raise ValueError("a page has more than 255 extra copies")
+        return cls(page_of, slot_of, [np.asarray(g.positions, np.int64) for g in groups],
+                   extra if extra.any() else None)
 
     def payload_bytes(self, page: int, entry_bytes: int) -> int:
         return len(self.pages[page]) * entry_bytes

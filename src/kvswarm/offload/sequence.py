@@ -28,6 +28,7 @@ import torch
 import xxhash
 
 from kvswarm.errors import DriveError, KVSwarmError, LayoutMismatch
+from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.grouping import Grouping, PageTable, entries_per_page, make_grouping
 from kvswarm.store import KVStore
@@ -210,9 +211,10 @@ class _StoreFetch(FetchHandle):
         if len(positions) and (pg < 0).any():
             raise ValueError(f"layer {layer}: positions {positions[pg < 0][:5]} are not offloaded")
         self.pages, self.inv = np.unique(pg, return_inverse=True)
+        self.copy = seq.choose_copies(layer, self.pages)
         self.t0 = time.perf_counter()
-        self.handle = seq.store.submit_get([seq.page_key(layer, int(p)) for p in self.pages]) if len(self.pages) \
-            else None
+        self.handle = seq.store.submit_get([seq.copy_key(layer, int(p), int(c)) for p, c in
+                                            zip(self.pages, self.copy)]) if len(self.pages) else None
         self._result: Fetched | None = None
 
     def poll(self) -> bool:
@@ -243,6 +245,8 @@ class _StoreFetch(FetchHandle):
                 arrays.clear()  # drop the exports of the lease's views before it is released
         else:
             rows = np.zeros((0, *shape), dtype)
+        if table.extra is not None and not ok.all():
+            rows = self._other_copies(ok, base, rows)
         io_s = time.perf_counter() - self.t0
         hit = ok[self.inv] if m else np.zeros(0, bool)
         out = np.zeros((m, *shape), dtype)
@@ -251,6 +255,28 @@ class _StoreFetch(FetchHandle):
         self._result = Fetched(k, v, np.flatnonzero(~hit), len(self.pages), int((~ok).sum()),
                                len(rows) * lay.entry_bytes, io_s)
         return self._result
+
+    def _other_copies(self, ok: np.ndarray, base: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Read the pages whose chosen copy was missing or corrupt from their other copies (in
+        place in ``ok``/``base``); returns ``rows`` with what arrived appended."""
+        seq, lay, table = self.seq, self.seq.layout, self.seq.tables[self.layer]
+        shape = (2, lay.num_kv_heads, lay.head_dim)
+        for attempt in range(1, 256):
+            todo = [i for i in np.flatnonzero(~ok) if attempt < table.copies(int(self.pages[i]))]
+            if not todo:
+                break
+            keys = [seq.copy_key(self.layer, int(self.pages[i]), (int(self.copy[i]) + attempt)
+                                 % table.copies(int(self.pages[i]))) for i in todo]
+            got = []
+            with seq.store.get_many(keys) as res:
+                for i, view in zip(todo, res.views):
+                    n = len(table.pages[self.pages[i]])
+                    if view is not None and len(view) == n * lay.entry_bytes:
+                        got.append(np.frombuffer(view, lay.numpy_dtype()).reshape(n, *shape).copy())
+                        ok[i], base[i] = True, len(rows) + sum(len(g) for g in got[:-1])
+            if got:
+                rows = np.concatenate([rows, *got])
+        return rows
 
 
 class StoreSequence(EntrySource):
@@ -268,6 +294,34 @@ class StoreSequence(EntrySource):
     # ---- keys ----
     def page_key(self, layer: int, page: int) -> bytes:
         return self._prefix + struct.pack("<HI", layer, page)
+
+    def copy_key(self, layer: int, page: int, copy: int) -> bytes:
+        """Copy 0 is the page's own key (sequences without replicas are unchanged)."""
+        return self.page_key(layer, page) + (struct.pack("<B", copy) if copy else b"")
+
+    def choose_copies(self, layer: int, pages: np.ndarray) -> np.ndarray:
+        """Copy to read per page: for replicated pages, the copy on a healthy drive with the
+        fewest bytes already assigned in this batch (the drive of each copy from the catalog)."""
+        table = self.tables[layer]
+        copy = np.zeros(len(pages), np.int64)
+        if table.extra is None or not len(pages):
+            return copy
+        ents = self.store.catalog.entries
+        load = np.zeros(len(self.store.drives))
+        healthy = [d.healthy for d in self.store.drives]
+        nbytes = [table.extent_bytes(int(p), self.layout.entry_bytes) for p in pages]
+        for i in sorted(range(len(pages)), key=lambda j: table.copies(int(pages[j]))):  # fixed pages first
+            best, best_load = 0, np.inf
+            for c in range(table.copies(int(pages[i]))):
+                e = ents.get(key_digest(self.copy_key(layer, int(pages[i]), c)))
+                d = e.extents[0][0] if e is not None else -1
+                here = load[d] if d >= 0 and healthy[d] else np.inf
+                if here < best_load:
+                    best, best_load = c, here
+            copy[i] = best
+            if np.isfinite(best_load):
+                load[ents[key_digest(self.copy_key(layer, int(pages[i]), best))].extents[0][0]] += nbytes[i]
+        return copy
 
     def resident_key(self, layer: int) -> bytes:
         return self._prefix + b"r" + struct.pack("<H", layer)
@@ -303,9 +357,14 @@ class StoreSequence(EntrySource):
                 raise ValueError(f"grouping {grouper.describe()} left layer {layer} entries unplaced")
             tables.append(table)
             ent = entries_array(k, v, np.arange(n, dtype=np.int64))
-            items = [(seq.page_key(layer, i), np.ascontiguousarray(ent[g.positions])) for i, g in enumerate(groups)]
+            items, hints = [], []
+            for i, g in enumerate(groups):
+                data = np.ascontiguousarray(ent[g.positions])
+                for c, h in enumerate([g.hint, *g.copies]):
+                    items.append((seq.copy_key(layer, i, c), data))
+                    hints.append(h)
             items.append((seq.resident_key(layer), np.ascontiguousarray(ent[geo.resident])))
-            stored = store.put_many(items, [g.hint for g in groups] + [None])
+            stored = store.put_many(items, hints + [None])
             if not all(stored):
                 raise DriveError(f"layer {layer}: {stored.count(False)} of {len(items)} pages failed to write")
             if keep_index_keys:
@@ -319,8 +378,14 @@ class StoreSequence(EntrySource):
         meta = {"layout": asdict(self.layout), "fingerprint": self.layout.fingerprint().hex(),
                 "geometry": asdict(self.geometry), "page_bytes": self.page_bytes, "grouping": self.grouping}
         buf = io.BytesIO()
+        extra = {}
+        if any(t.extra is not None for t in self.tables):  # older manifests have no copies: all single
+            extra = {"extra": np.concatenate([t.extra if t.extra is not None else np.zeros(len(t.pages), np.int16)
+                                              for t in self.tables]),
+                     "npages": np.array([len(t.pages) for t in self.tables], np.int64)}
         np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), tokens=self.token_ids,
-                 page_of=np.stack([t.page_of for t in self.tables]), slot_of=np.stack([t.slot_of for t in self.tables]))
+                 page_of=np.stack([t.page_of for t in self.tables]), slot_of=np.stack([t.slot_of for t in self.tables]),
+                 **extra)
         return buf.getvalue()
 
     @classmethod
@@ -332,16 +397,18 @@ class StoreSequence(EntrySource):
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             tokens, page_of, slot_of = z["tokens"], z["page_of"], z["slot_of"]
+            extras = np.split(z["extra"], np.cumsum(z["npages"])[:-1]) if "extra" in z.files else None
         if meta["fingerprint"] != layout.fingerprint().hex():
             raise LayoutMismatch(f"sequence {seq_id.hex()} was stored for {KVLayout(**meta['layout'])}, "
                                  f"not {layout}")
         tables = []
-        for po, so in zip(page_of, slot_of):
+        for layer, (po, so) in enumerate(zip(page_of, slot_of)):
             pos = np.flatnonzero(po >= 0)
             order = pos[np.lexsort((so[pos], po[pos]))]
             counts = np.bincount(po[order]) if len(order) else np.zeros(0, np.int64)
+            ex = extras[layer] if extras is not None and extras[layer].any() else None
             tables.append(PageTable(po, so, np.split(order.astype(np.int64), np.cumsum(counts)[:-1])
-                                    if len(order) else []))
+                                    if len(order) else [], ex))
         return cls(store, layout, Geometry(**meta["geometry"]), tokens, tables, meta["page_bytes"],
                    meta["grouping"], salt, seq_id)
 
@@ -374,7 +441,8 @@ class StoreSequence(EntrySource):
         table = self.tables[layer]
         pages = np.unique(table.page_of[positions])
         k, v = kv
-        items = [(self.page_key(layer, int(p)), entries_array(k, v, table.pages[p])) for p in pages]
+        items = [(self.copy_key(layer, int(p), c), entries_array(k, v, table.pages[p])) for p in pages
+                 for c in range(table.copies(int(p)))]
         return sum(self.store.put_many(items))
 
     def groups(self, layer):
@@ -386,13 +454,14 @@ class StoreSequence(EntrySource):
         return np.sort(np.concatenate([table.pages[p] for p in pages])) if len(pages) else positions
 
     def object_count(self) -> int:
-        return sum(len(t.pages) for t in self.tables)
+        return sum(len(t.pages) + (int(t.extra.sum()) if t.extra is not None else 0) for t in self.tables)
 
     def delete(self) -> None:
         """Remove this sequence's objects from the store."""
         for layer, t in enumerate(self.tables):
             for p in range(len(t.pages)):
-                self.store.delete(self.page_key(layer, p))
+                for c in range(t.copies(p)):
+                    self.store.delete(self.copy_key(layer, p, c))
             self.store.delete(self.resident_key(layer))
         self.store.delete(self.manifest_key(self.salt, self.seq_id))
 

@@ -110,9 +110,9 @@ class CostBenefit(EvictionPolicy):
     def freq(self, key: Key) -> float:
         return self._fref.get(key, 0.0) * self.decay ** self.epoch
 
-    def record(self, key: Key) -> None:
-        """Count a read of ``key`` (resident or not)."""
-        self._fref[key] = self._fref.get(key, 0.0) + self.decay ** -self.epoch
+    def record(self, key: Key, count: float = 1.0) -> None:
+        """Count ``count`` reads of ``key`` (resident or not)."""
+        self._fref[key] = self._fref.get(key, 0.0) + count * self.decay ** -self.epoch
         self._fref.move_to_end(key)
         if key in self._size:
             self._push(key)

@@ -31,7 +31,7 @@ from kvswarm.swarm.cache import CostBenefit, SizedLRU
 from kvswarm.swarm.capture import DecodeCapture
 from kvswarm.swarm.cluster import Clusters, cluster_heat, contiguous, make_clusterer
 from kvswarm.swarm.coact import cograph, incidence
-from kvswarm.swarm.index import ClusterSelector
+from kvswarm.swarm.index import ClusterSelector, LayerAllocation
 from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, plan_layout
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
@@ -160,7 +160,8 @@ def position_blocks(td: TextData, size: int) -> dict[int, Clusters]:
 class Strategy:
     name: str
     label: str
-    selector: Callable[[dict[int, Clusters] | None, KMeansPQSelector], Selector]
+    # (clusters, the text's PQ index of ``pq`` codes, the text) -> selector
+    selector: Callable[[dict[int, Clusters] | None, KMeansPQSelector, TextData], Selector]
     clusters: Callable[[TextData], dict[int, Clusters]]
     layout: str = "raid0"  # raid0 | stripe | balanced
     piece_bytes: int = 32 << 10
@@ -171,13 +172,17 @@ class Strategy:
     selection_of: str | None = None  # reuse another strategy's selections (same selector)
     cluster_select: bool = False  # the selector needs this strategy's clusters
     prebuilt: bool = False  # the selector is the text's shared PQ index, already built
+    pq: tuple[int, int] = (64, 2)  # (centroids, subspaces) of the text's PQ index the selector uses
+    warm: bool = False  # DRAM cache preloaded with the profile's hottest pieces (warm_cache)
     meta: dict = field(default_factory=dict)
 
 
 def default_strategies(best: dict | None = None) -> list[Strategy]:
     """Baselines, the paper's Swarm (+ ablations) and kvswarm's best (``best`` overrides its knobs)."""
+    # pq (256, 8): 24 B of codes per entry (+ codebooks), below the fixed-block baseline's min/max
+    # keys (96 B per entry); alloc: per-layer budgets from the profile (LayerAllocation).
     b = {"clusterer": "partition", "size": 12, "score": "pq", "pick": "density", "piece_bytes": 48 << 10,
-         "replicate": 0.15}
+         "replicate": 0.15, "pq": (256, 8), "alloc": True}
     b.update(best or {})
     bsize = b["size"]
 
@@ -187,27 +192,34 @@ def default_strategies(best: dict | None = None) -> list[Strategy]:
 
     paper_clusters = lambda td: coactivation_clusters(td, "greedy", tau=0.5, max_copies=2)  # noqa: E731
     blocks16 = lambda td: position_blocks(td, 16)  # noqa: E731  (one function: blocks and RAID-0 share the layout)
-    paper_sel = lambda cl, pq: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
-    best_sel = lambda cl, pq: ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq,  # noqa: E731
-                                              history=b.get("history", 0.0))
+    paper_sel = lambda cl, pq, td: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
+
+    def best_sel(cl, pq, td):
+        alloc = LayerAllocation.from_profile(td.mass[:td.profile_steps]) if b.get("alloc") else None
+        return ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq, history=b.get("history", 0.0),
+                               alloc=alloc)
+
     return [
-        Strategy("token", "token top-k (No Cluster)", lambda cl, pq: make_selector("oracle"),
+        Strategy("token", "token top-k (No Cluster)", lambda cl, pq, td: make_selector("oracle"),
                  lambda td: position_blocks(td, 1)),
         Strategy("blocks", "fixed blocks (InfLLM/Quest-like)",
-                 lambda cl, pq: make_selector("blocks", block_tokens=16), blocks16),
-        Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq: pq, lambda td: key_clusters(td, 16),
+                 lambda cl, pq, td: make_selector("blocks", block_tokens=16), blocks16),
+        Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq, td: pq, lambda td: key_clusters(td, 16),
                  prebuilt=True),
         Strategy("raid0", "RAID-0, no co-activation", best_sel, blocks16,
-                 selection_of="kvswarm"),
+                 selection_of="kvswarm", pq=tuple(b["pq"])),
         Strategy("swarm", "Swarm as published", paper_sel, paper_clusters, layout="stripe", assign="bucket",
                  cache="cost_benefit", cluster_select=True),
         Strategy("swarm_nobalance", "Swarm, no balance", paper_sel, paper_clusters, layout="stripe",
                  assign="primary", cache="cost_benefit", selection_of="swarm"),
         Strategy("swarm_nodedup", "Swarm, no dedup", paper_sel, paper_clusters, layout="stripe", assign="bucket",
                  dedup=False, cache="none", selection_of="swarm"),
+        Strategy("kvswarm_cold", "kvswarm, cold DRAM cache", best_sel, best_clusters, layout="balanced",
+                 assign="makespan", piece_bytes=b["piece_bytes"], replicate=b["replicate"], cache="cost_benefit",
+                 selection_of="kvswarm", pq=tuple(b["pq"]), meta=b),
         Strategy("kvswarm", "kvswarm best", best_sel, best_clusters, layout="balanced", assign="makespan",
                  piece_bytes=b["piece_bytes"], replicate=b["replicate"], cache="cost_benefit", cluster_select=True,
-                 meta=b),
+                 pq=tuple(b["pq"]), warm=b.get("warm", True), meta=b),
     ]
 
 
@@ -221,9 +233,9 @@ class Selections:
     entries: float  # mean entries attended per (step, layer)
 
 
-def build_pq(td: TextData) -> KMeansPQSelector:
+def build_pq(td: TextData, centroids: int = 64, subspaces: int = 2) -> KMeansPQSelector:
     """The text's PQ index (the k-means baseline's selector, shared with PQ-scored cluster selectors)."""
-    pq = make_selector("kmeans")
+    pq = make_selector("kmeans", centroids=centroids, subspaces=subspaces)
     for layer in range(td.layers):
         pq.build(layer, td.keys[layer], td.off)
     return pq
@@ -275,12 +287,39 @@ def simulated_drives(layouts: list[LayerLayout], drives: int) -> list[list[list[
 
 
 def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: DriveModel,
-               entry_bytes: int) -> UnitCache | None:
+               entry_bytes: int, td: TextData | None = None) -> UnitCache | None:
     if st.cache == "none" or capacity <= 0:
         return None
     pol = CostBenefit(capacity, t_base=1 / model.read_iops, t_transfer=entry_bytes / model.read_bps) \
         if st.cache == "cost_benefit" else SizedLRU(capacity)
-    return UnitCache(pol, {i: np.array([len(p.positions) for p in lay.pieces]) for i, lay in enumerate(layouts)})
+    cache = UnitCache(pol, {i: np.array([len(p.positions) for p in lay.pieces]) for i, lay in enumerate(layouts)})
+    if st.warm and td is not None:
+        warm_cache(cache, layouts, td)
+    return cache
+
+
+def warm_cache(cache: UnitCache, layouts: list[LayerLayout], td: TextData) -> None:
+    """Preload the DRAM cache with the pieces that held the most attention per entry during the
+    profile (all layers ranked together), each with the number of profile steps it held an active
+    entry as its read count: the state the cost-benefit policy reaches after many steps, known
+    at prefill (when the KV is in memory anyway)."""
+    p = td.profile_steps
+    share = td.mass[:p] / np.maximum(td.mass[:p].sum(2, keepdims=True), 1e-30)
+    dens, keys, reads = [], [], []
+    for layer, lay in enumerate(layouts):
+        hold = lay.holders(td.cap.prompt_len)[td.off]  # [n, pieces]
+        sizes = np.maximum(np.asarray(hold.sum(0)).ravel(), 1)
+        dens.append(np.asarray(share[:, layer].mean(0) @ hold).ravel() / sizes)
+        keys.append(np.stack([np.full(len(sizes), layer), np.arange(len(sizes))], 1))
+        act = td.profile_incidence(layer)[:, td.off] @ hold  # [profile steps, pieces]: active entries held
+        reads.append(np.asarray((act > 0).sum(0)).ravel())
+    dens_all, keys_all, reads_all = np.concatenate(dens), np.concatenate(keys), np.concatenate(reads)
+    # Fill in global rank order (a piece that does not fit is skipped, smaller ones may).
+    for i in np.argsort(-dens_all, kind="stable").tolist():
+        layer, piece = int(keys_all[i, 0]), int(keys_all[i, 1])
+        if len(cache.policy) >= cache.policy.capacity:
+            break
+        cache.preload(layer, np.array([piece]), np.array([reads_all[i]]))
 
 
 def retrievers(st: Strategy, layouts: list[LayerLayout], copy_drives: list[list[list[int]]], universe: int,

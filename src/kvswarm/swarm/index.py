@@ -14,6 +14,11 @@ knapsack answer to "most mass for the bytes") or by mass (``pick="mass"``) until
 entries are covered (``mode="topk"``), or every cluster whose estimate reaches ``threshold``
 of the estimated offloaded mass is taken (``mode="threshold"``).  The selection is the union
 of the chosen clusters' members; ``last`` keeps the chosen cluster ids for the retrieval path.
+
+With a :class:`LayerAllocation` (``alloc``), the step's budget is split over the layers by how
+concentrated each layer's attention was in the profile: a layer whose top entries hold most of
+its mass gets fewer entries, a diffuse one more, for the same total (the greedy answer to "most
+mean recall for the bytes").
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ class ClusterSelector(Selector):
     def __init__(self, clusters: ClusterSource | dict[int, Clusters] | None = None, score: str = "medoid",
                  pick: str = "density", mode: str = "topk", threshold: float = 0.01, centroids: int = 64,
                  subspaces: int = 2, pq: KMeansPQSelector | None = None, history: float = 0.0,
-                 decay: float = 0.5) -> None:
+                 decay: float = 0.5, alloc: LayerAllocation | None = None) -> None:
         if score not in ("medoid", "pq") or pick not in ("density", "mass") or mode not in ("topk", "threshold"):
             raise ValueError(f"bad ClusterSelector options score={score!r} pick={pick!r} mode={mode!r}")
         self._source = clusters.__getitem__ if isinstance(clusters, dict) else clusters
         self.score, self.pick, self.mode, self.threshold = score, pick, mode, threshold
+        self.alloc = alloc
         # history > 0: blend each cluster's estimate with the attention mass its members actually got
         # when last attended (exponential average, ``decay`` per observation): activations are stable
         # from step to step, so what a cluster drew last time predicts it better than codes alone.
@@ -127,6 +133,8 @@ class ClusterSelector(Selector):
             hist = torch.from_numpy(self._hist[q.layer]).to(est.dtype)
             est = torch.where(seen, (1 - self.history) * est + self.history * hist, est)
         sizes = self._sizes[q.layer]
+        if self.alloc is not None:
+            budget = self.alloc.budget(q.layer, budget)
         if self.mode == "threshold":
             chosen = torch.nonzero(est >= self.threshold * est.sum()).ravel().numpy()
         else:
@@ -146,7 +154,46 @@ class ClusterSelector(Selector):
 
     def describe(self) -> str:
         h = f",history={self.history:g}" if self.history > 0 else ""
-        return f"swarm({self.score},{self.pick},{self.mode}{h})"
+        a = ",alloc" if self.alloc is not None else ""
+        return f"swarm({self.score},{self.pick},{self.mode}{h}{a})"
+
+
+class LayerAllocation:
+    """Per-layer share of a decode step's entry budget, from a profile of exact attention.
+
+    ``curves[layer, r]`` is the mean (over profile steps) share of the layer's offloaded mass held
+    by its ``r``-th heaviest entry.  For a mean budget of ``b`` entries per layer, the
+    ``layers * b`` largest values over all layers are taken (the marginal recall of one more entry
+    falls with rank, so this maximises the summed recall); each layer gets the count of its own,
+    at least ``floor * b``, rescaled to the total."""
+
+    def __init__(self, curves: np.ndarray, floor: float = 0.25) -> None:
+        self.curves = np.asarray(curves, np.float64)
+        self.floor = floor
+        self._memo: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def from_profile(cls, mass: np.ndarray, floor: float = 0.25) -> LayerAllocation:
+        """``mass[steps, layers, n]``: exact attention mass of the offloaded entries per profile step."""
+        share = mass / np.maximum(mass.sum(2, keepdims=True), 1e-30)
+        return cls(-np.sort(-share, axis=2).mean(0), floor)
+
+    def budgets(self, budget: int) -> np.ndarray:
+        if budget not in self._memo:
+            layers, n = self.curves.shape
+            b = min(budget, n)
+            low = min(b, max(1, int(self.floor * b)))  # every layer's floor, then the rest greedily
+            rest = self.curves[:, low:]
+            more = layers * (b - low)
+            k = np.full(layers, low, np.int64)
+            if more > 0 and rest.size:
+                top = np.argpartition(-rest.ravel(), more - 1)[:more]
+                k += np.bincount(top // rest.shape[1], minlength=layers)
+            self._memo[budget] = k
+        return self._memo[budget]
+
+    def budget(self, layer: int, budget: int) -> int:
+        return int(self.budgets(int(budget))[layer]) if layer < len(self.curves) else budget
 
 
 def _cover(cl: Clusters, order: np.ndarray, budget: int, overlapping: bool) -> np.ndarray:

@@ -185,7 +185,9 @@ def _replicate(layout: LayerLayout, drives: int, entry_bytes: int, share: float,
 
 @register_grouping
 class CoactivationGrouping(Grouping):
-    """The primary pieces of a co-activation layout as offload groups (one copy per entry).
+    """The pieces of a co-activation layout as offload groups: each position in the first piece
+    that holds it (overlapping clusters' repeats are dropped), a piece's replicas as the group's
+    extra ``copies`` (drive hints).
 
     Built from per-layer layouts (``plan_layout``); positions outside the clusters (there are
     none when the clusters cover the offloaded range) are appended as contiguous pages.
@@ -204,7 +206,7 @@ class CoactivationGrouping(Grouping):
         for p in self.layouts[layer].pieces:
             pos = p.positions[~seen[p.positions]]
             seen[pos] = True
-            out += [Group(pos[i:i + capacity], p.drives[0]) for i in range(0, len(pos), capacity)]
+            out += [Group(pos[i:i + capacity], p.drives[0], list(p.drives[1:])) for i in range(0, len(pos), capacity)]
         rest = positions[~seen[positions]]
         out += [Group(rest[i:i + capacity]) for i in range(0, len(rest), capacity)]
         return out

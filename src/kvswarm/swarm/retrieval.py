@@ -242,6 +242,21 @@ class UnitCache:
     def _key(self, layer: int, piece: int) -> Hashable:
         return (layer, piece)
 
+    def preload(self, layer: int, pieces: np.ndarray, reads: np.ndarray | None = None) -> None:
+        """Make ``pieces`` of ``layer`` resident (their data is the caller's to provide), with
+        ``reads`` past reads each (the cost-benefit policy's frequencies); stops at capacity."""
+        pol = self.policy
+        m = self.mask(layer, len(self.sizes[layer]))
+        for i, p in enumerate(np.asarray(pieces, np.int64).tolist()):
+            s = int(self.sizes[layer][p])
+            if len(pol) + s > pol.capacity:
+                continue
+            k = self._key(layer, p)
+            if reads is not None and hasattr(pol, "record"):
+                pol.record(k, float(reads[i]))
+            pol.insert(k, s)
+            m[p] = True
+
     def after_read(self, layer: int, read: list[int], used_cached: np.ndarray) -> list[tuple[int, int]]:
         """Record the step's accesses (pieces read and cached pieces used), admit what the policy
         takes; returns the (layer, piece) units evicted."""

@@ -232,6 +232,29 @@ class SwarmSequence(EntrySource):
         plan = r.plan_pieces(np.asarray([p for p in pieces if not held[p]], np.int64))
         return _SwarmFetch(self, layer, np.zeros(0, np.int64), plan, prefetch=True)
 
+    def load_cached(self) -> int:
+        """Read the pieces the DRAM cache was preloaded with (``UnitCache.preload``) into DRAM, all
+        layers in one batch each; a piece that cannot be read leaves the cache.  Returns the
+        pieces loaded."""
+        if self.cache is None:
+            return 0
+        fetches = []
+        for layer, r in enumerate(self.retrievers):
+            held = np.flatnonzero(self.cache.mask(layer, len(r.sizes)))
+            fetches.append((layer, held, _SwarmFetch(self, layer, np.zeros(0, np.int64), r.plan_pieces(held),
+                                                     prefetch=True)))
+        loaded = 0
+        for layer, held, f in fetches:
+            f.wait()
+            for p in held.tolist():
+                self.prefetched.discard((layer, p))
+                if (layer, p) in self.dram:
+                    loaded += 1
+                else:
+                    self.cache.policy.remove((layer, p))
+                    self.cache.mask(layer, len(self.retrievers[layer].sizes))[p] = False
+        return loaded
+
     def release_prefetched(self, layer: int) -> None:
         """Forget prefetched pieces of ``layer`` that the cache did not keep."""
         for key in [k for k in self.prefetched if k[0] == layer]:
