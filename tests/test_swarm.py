@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from kvswarm.errors import LayoutMismatch
 from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.placement import DriveView
@@ -291,6 +292,15 @@ def test_swarm_sequence_reads_exact_entries_with_replicas_and_faults(store):
     assert len(f.missing) == 0
     torch.testing.assert_close(f.keys, data[1][0][0][:, want])
     torch.testing.assert_close(f.values, data[1][1][0][:, want])
+    # reopened after a restart (manifest, resident entries and keys read back from the drives)
+    again = SwarmSequence.open(store, lay, seq.seq_id)
+    assert [p.positions.tolist() for p in again.layouts[1].pieces] == [p.positions.tolist() for p in layouts[1].pieces]
+    assert [p.drives for p in again.layouts[0].pieces] == [p.drives for p in layouts[0].pieces]
+    torch.testing.assert_close(again.offloaded_keys(1), seq.offloaded_keys(1))
+    torch.testing.assert_close(again.resident(0)[1], seq.resident(0)[1])
+    torch.testing.assert_close(again.fetch(1, want).values, data[1][1][0][:, want])
+    with pytest.raises(LayoutMismatch):
+        SwarmSequence.open(store, KVLayout(2, 2, 8, "bfloat16"), seq.seq_id)
     # a failed drive: replicated pieces are read from their other copy, the rest are counted misses
     store.fail_drive(0)
     seq2 = seq.view()

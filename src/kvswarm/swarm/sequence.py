@@ -8,22 +8,27 @@ across all drives.  Pieces are written with drive hints for :class:`SwarmPlaceme
 drive of every copy is then read from the store's catalog, so the plan follows where the
 data actually is (spills, failed drives).
 
-Store keys: ``b"kvsw/swarm/1/" + layout fingerprint + salt + sequence id + (layer, piece, copy)``.
+Store keys: ``b"kvsw/swarm/1/" + layout fingerprint + salt + sequence id + (layer, piece, copy)``,
+the resident entries (sinks, window) per layer under the same prefix + ``b"r"``, and a manifest
+(geometry, tokens, clusters and pieces with their drive hints) under ``b"kvsw/swarmman/1/" +
+salt + sequence id``, so :meth:`SwarmSequence.open` finds the sequence again after a restart.
 A copy that is missing or fails its checksum is a miss (the cache recomputes), never data.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import xxhash
 
-from kvswarm.errors import DriveError
+from kvswarm.errors import DriveError, LayoutMismatch
 from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.sequence import (
@@ -32,15 +37,19 @@ from kvswarm.offload.sequence import (
     FetchHandle,
     Geometry,
     LayerKV,
+    KVMissing,
     _check_kv,
     entries_array,
     entries_to_kv,
 )
 from kvswarm.store import KVStore
-from kvswarm.swarm.layout import LayerLayout
+from kvswarm.swarm.cluster import Clusters
+from kvswarm.swarm.layout import STRIPE, LayerLayout, Piece
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
 PREFIX = b"kvsw/swarm/1/"
+MANIFEST_PREFIX = b"kvsw/swarmman/1/"
+_NO_HINT, _STRIPE_HINT = -1, -2  # drive hints that are not drive numbers, in the manifest
 
 
 @dataclass
@@ -142,6 +151,13 @@ class SwarmSequence(EntrySource):
     def key(self, layer: int, piece: int, copy: int) -> bytes:
         return self._prefix + struct.pack("<HIB", layer, piece, copy)
 
+    def resident_key(self, layer: int) -> bytes:
+        return self._prefix + b"r" + struct.pack("<H", layer)
+
+    @staticmethod
+    def manifest_key(salt: bytes, seq_id: bytes) -> bytes:
+        return MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
+
     @classmethod
     def create(cls, store: KVStore, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout,
                layouts: list[LayerLayout], *, sinks: int = 4, window: int = 64, salt: bytes = b"",
@@ -166,14 +182,84 @@ class SwarmSequence(EntrySource):
                 for c, h in enumerate(p.drives):
                     items.append((seq.key(layer, i, c), data))
                     hints.append(h)
-            ok = store.put_many(items, hints)
+            items.append((seq.resident_key(layer), np.ascontiguousarray(ent[geo.resident])))
+            ok = store.put_many(items, hints + [None])
             if not all(ok):
                 raise DriveError(f"layer {layer}: {ok.count(False)} of {len(items)} pieces failed to write")
             seq._keys.append(k[0, :, geo.off_start:geo.off_end].clone())
             seq._resident.append((k[0][:, geo.resident].clone(), v[0][:, geo.resident].clone()))
+        if not store.put(cls.manifest_key(salt, seq_id), seq._manifest()):
+            raise DriveError("the sequence manifest failed to write")
         store.flush()
         seq._build_retrievers()
         return seq
+
+    def _manifest(self) -> bytes:
+        meta = {"layout": asdict(self.layout), "fingerprint": self.layout.fingerprint().hex(),
+                "geometry": asdict(self.geometry)}
+        arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                                         "tokens": self.token_ids}
+        for i, lay in enumerate(self.layouts):
+            cl = lay.clusters
+            hints = [[_STRIPE_HINT if h is STRIPE else _NO_HINT if h is None else int(h) for h in p.drives]
+                     for p in lay.pieces]
+            arrays.update({
+                f"cm{i}": np.concatenate(cl.members) if len(cl) else np.zeros(0, np.int64), f"cs{i}": cl.sizes,
+                f"cd{i}": cl.medoids, f"cc{i}": cl.cold, f"ch{i}": cl.heat,
+                f"pc{i}": np.array([p.cluster for p in lay.pieces], np.int64),
+                f"pp{i}": np.concatenate([p.positions for p in lay.pieces]) if lay.pieces else np.zeros(0, np.int64),
+                f"ps{i}": np.array([len(p.positions) for p in lay.pieces], np.int64),
+                f"ph{i}": np.array([h for hs in hints for h in hs], np.int64),
+                f"pn{i}": np.array([len(hs) for hs in hints], np.int64)})
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def open(cls, store: KVStore, layout: KVLayout, seq_id: bytes, salt: bytes = b"", **kw) -> SwarmSequence:
+        """Reopen a stored sequence (after a restart); refuses (LayoutMismatch) another layout.
+        Offloaded keys and resident entries are read back from the drives when first needed."""
+        raw = store.get(cls.manifest_key(salt, seq_id))
+        if raw is None:
+            raise KeyError(f"no co-activation sequence {seq_id.hex()} in this store")
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            if meta["fingerprint"] != layout.fingerprint().hex():
+                raise LayoutMismatch(f"sequence {seq_id.hex()} was stored for {KVLayout(**meta['layout'])}, "
+                                     f"not {layout}")
+            layouts = []
+            for i in range(layout.num_layers):
+                split = lambda a, n: np.split(a, np.cumsum(n)[:-1]) if len(n) else []  # noqa: E731
+                cl = Clusters(split(z[f"cm{i}"], z[f"cs{i}"]), z[f"cd{i}"], z[f"cc{i}"], z[f"ch{i}"])
+                hints = [[STRIPE if h == _STRIPE_HINT else None if h == _NO_HINT else int(h) for h in hs.tolist()]
+                         for hs in split(z[f"ph{i}"], z[f"pn{i}"])]
+                pieces = [Piece(int(c), pos, hs) for c, pos, hs in
+                          zip(z[f"pc{i}"].tolist(), split(z[f"pp{i}"], z[f"ps{i}"]), hints)]
+                layouts.append(LayerLayout(cl, pieces))
+            tokens = z["tokens"]
+        seq = cls(store, layout, Geometry(**meta["geometry"]), tokens, layouts, salt, seq_id, **kw)
+        seq._build_retrievers()
+        return seq
+
+    def _load(self) -> None:
+        """Resident entries and offloaded keys of a reopened sequence, from the drives."""
+        geo, lay = self.geometry, self.layout
+        r = len(geo.resident)
+        with self.store.get_many([self.resident_key(i) for i in range(lay.num_layers)]) as res:
+            rows = []
+            for i, view in enumerate(res.views):
+                if view is None or len(view) != r * lay.entry_bytes:
+                    raise KVMissing(f"resident entries of layer {i} are missing or corrupt")
+                rows.append(np.frombuffer(view, lay.numpy_dtype()).reshape(r, 2, lay.num_kv_heads,
+                                                                           lay.head_dim).copy())
+        self._resident = [entries_to_kv(x, lay) for x in rows]
+        self._keys = []
+        for layer, ret in enumerate(self.retrievers):
+            f = _SwarmFetch(self, layer, geo.offloaded, ret.plan(geo.offloaded))
+            got = f.wait()
+            if len(got.missing):
+                raise KVMissing(f"layer {layer}: {len(got.missing)} offloaded entries unreadable while indexing")
+            self._keys.append(got.keys)
 
     def _build_retrievers(self) -> None:
         """Retrievers over where each copy actually is (the store's catalog)."""
@@ -199,9 +285,13 @@ class SwarmSequence(EntrySource):
 
     # ---- EntrySource ----
     def resident(self, layer):
+        if not self._resident:
+            self._load()
         return self._resident[layer]
 
     def offloaded_keys(self, layer):
+        if not self._keys:
+            self._load()
         return self._keys[layer]
 
     def plan(self, layer: int, positions: np.ndarray) -> ReadPlan:
