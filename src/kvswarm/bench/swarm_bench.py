@@ -62,7 +62,7 @@ MiB = 1 << 20
 # min on the shared 2-core machine (most of it the token and no-dedup baselines' many small reads).
 QUICK = {"io_steps": 4, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
          "eval_texts": ["man:0", "licenses:0"], "tune": "small", "online_layers": 4}
-FULL = {"io_steps": 8, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 16,
+FULL = {"io_steps": 6, "curve": [0.05, 0.1, 0.2, 0.3, 0.4], "agreement_steps": 16,
         "contexts": [1024, 2048, 4096, 8192], "eval_texts": ["man:0", "licenses:0", "pydoc:1"], "tune": "full",
         "online_layers": 6}
 BASELINES = ("token", "blocks", "kmeans")
