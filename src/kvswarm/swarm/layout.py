@@ -15,8 +15,8 @@ contiguously so that reading a cluster costs at most one I/O per drive it spans.
 
 Drive numbers are hints to :class:`SwarmPlacement` (registered as ``"swarm"``); the actual
 drive of every copy is read back from the store's catalog, so spills and failed drives stay
-coherent.  :class:`CoactivationGrouping` exposes the primary pieces through the offload
-package's ``Grouping`` interface (one copy per entry, as that interface requires).
+coherent.  :class:`CoactivationGrouping` exposes the pieces through the offload package's
+``Grouping`` interface (each entry in one group; a piece's replicas as the group's copies).
 """
 
 from __future__ import annotations
