@@ -5,8 +5,9 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
 ``submit_load`` jobs, ``get_finished_jobs`` polling, ``lookup`` with RETRY):
 
 1. One drive, same disk: restore throughput (many requests' loads in flight) and one
-   request's load, per block size, next to the raw O_DIRECT ceiling of the same disk
-   (``kvswarm.bench.raw``: the best of io_uring and threads at the block size).
+   request's load, per block size, next to the raw O_DIRECT ceiling over the same data
+   (``kvswarm.bench.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
+   file and random order, the best method's median round).
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
    counted from /proc/diskstats.
@@ -49,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restore-mib", type=int, default=None, help="MiB restored per block size")
     p.add_argument("--lookup-blocks", type=int, default=None, help="blocks looked up after a restart")
     p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
-    p.add_argument("--rounds", type=int, default=None, help="measurement rounds, best kept (default 3, 5)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="measurement rounds, the median kept (default 5; eight drives: 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
 
 
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     sizes = [int(s) * KiB for s in (args.block_sizes or "256,2048").split(",")]
     restore = (args.restore_mib or (256 if quick else 1024)) * MiB
     lookups = args.lookup_blocks or 16384
-    rounds = args.rounds or (3 if quick else 5)
+    rounds = args.rounds or 5  # a noisy shared disk: medians of five
+    tb_rounds = args.rounds or (3 if quick else 5)  # throttled drives vary little, and are slow
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
                      "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None, "eight_drives": None}
@@ -75,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
         if not args.no_testbed:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
-            results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend, rounds,
-                                                   console)
+            results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend,
+                                                   tb_rounds, console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize(results)
@@ -214,67 +217,77 @@ class TierCase:
 
     def result(self) -> dict:
         total = self.bench.nblocks * self.bench.bs
-        dt, cpu = min(self.restores)
-        single = min(self.singles)
+        dt, cpu = (float(np.median([x[i] for x in self.restores])) for i in (0, 1))
+        single = float(np.median(self.singles))
         self.run.tier.shutdown()
         return {"store_gbps": total / self.store_s / 1e9, "store_cpu_s_per_gb": self.store_cpu / (total / 1e9),
                 "restore_gbps": total / dt / 1e9, "restore_cpu_s_per_gb": cpu / (total / 1e9),
+                "restore_gbps_best": total / min(self.restores)[0] / 1e9,
                 "restore_gbps_rounds": [total / t / 1e9 for t, _ in self.restores],
                 "single_request_ms": single * 1e3,
                 "single_request_gbps": REQUEST_BLOCKS * self.bench.bs / single / 1e9}
 
 
 def measure_rounds(cases: dict[str, TierCase], rounds: int, extra=None) -> dict:
-    """Run every case once per round, in turn, so drift and neighbours' load hit all alike; best round wins."""
-    for _ in range(rounds):
-        if extra is not None:
-            extra()
-        for c in cases.values():
-            c.measure()
+    """Run every case once per round, in turn (reversed every other round), so drift and neighbours'
+    load hit all alike; each case's figure is its median round."""
+    steps = [c.measure for c in cases.values()] + ([extra] if extra is not None else [])
+    for r in range(rounds):
+        for step in (steps if r % 2 == 0 else steps[::-1]):
+            step()
     return {name: c.result() for name, c in cases.items()}
 
 
 # ---- 1. one drive, same disk ---------------------------------------------------------------
 class RawCeiling:
-    """Best O_DIRECT read rate of ``size``-byte blocks from a file on the same disk: io_uring QD32 or 16
-    threads, in file order or random order, best of rounds."""
+    """The raw O_DIRECT ceiling over the same data: kvswarm's own extents in its data file, read
+    with no store in the way, as ``kvswarm bench io`` does.
 
-    def __init__(self, path: str, size: int, total: int) -> None:
-        self.path, self.size = path, size
-        self.n = max(64, total // size)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, self.n * size)
-            chunk = os.urandom(MiB)
-            for off in range(0, self.n * size, MiB):  # real data, not unwritten extents answered with zeros
-                os.pwrite(fd, chunk, off)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.best: dict[str, float] = {}
+    Tuned first (threads 8-32, io_uring depth 16-128, in file order and in random order), then
+    each round takes one sample of each tuned method next to the tiers' samples; the ceiling is
+    the best method's median, each tier's figure its median, so both sides get as many samples.
+    """
 
-    def measure(self) -> None:
+    THREADS, DEPTHS = (8, 16, 32), (16, 32, 64, 128)
+
+    def __init__(self, store) -> None:
+        exts = sorted(x[:3] for e in store.catalog.entries.values() for x in e.extents)
+        sizes = {x[2] for x in exts}
+        assert len(sizes) == 1, "one extent size per tier"
+        self.size = sizes.pop()
+        self.fds = [d.fd for d in store.drives]
+        ios = [(d, o) for d, o, _ in exts]
+        self.orders = {"file": ios, "random": [ios[i] for i in np.random.default_rng(0).permutation(len(ios))]}
+        self.methods: dict[str, object] = {}
+        self.tuning: dict[str, float] = {}
+        self.samples: dict[str, list[float]] = {}
+
+    def _sample(self, order: str, kind: str, n: int) -> float:
         from kvswarm.bench.raw import run_threads, run_uring
         from kvswarm.io.base import Op
 
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
-        try:
-            orders = {"seq": [(0, i * self.size) for i in range(self.n)],  # the order tiers mostly read in
-                      "random": [(0, int(o) * self.size) for o in np.random.default_rng(0).permutation(self.n)]}
-            for order, ios in orders.items():
-                for name, fn in ((f"uring_qd32_{order}", lambda: run_uring([fd], ios, self.size, Op.READ, 32, 10.0)),
-                                 (f"threads_16_{order}", lambda: run_threads([fd], ios, self.size, Op.READ, 16,
-                                                                              10.0))):
-                    drop_caches()
-                    with contextlib.suppress(Exception):
-                        self.best[name] = max(self.best.get(name, 0.0), fn().gbps)
-        finally:
-            os.close(fd)
+        fn = run_threads if kind == "threads" else run_uring
+        drop_caches()
+        return fn(self.fds, self.orders[order], self.size, Op.READ, n, 10.0).gbps
+
+    def tune(self) -> None:
+        for order in self.orders:
+            for kind, ns in (("threads", self.THREADS), ("uring", self.DEPTHS)):
+                for n in ns:
+                    self.tuning[f"{kind}_{n}_{order}"] = self._sample(order, kind, n)
+                best = max(ns, key=lambda n: self.tuning[f"{kind}_{n}_{order}"])
+                self.methods[f"{kind}_{best}_{order}"] = (order, kind, best)
+
+    def measure(self) -> None:
+        for name, (order, kind, n) in self.methods.items():
+            self.samples.setdefault(name, []).append(self._sample(order, kind, n))
 
     def result(self) -> dict:
-        os.unlink(self.path)
-        method = max(self.best, key=self.best.get)
-        return {"gbps": self.best[method], "method": method, "all": self.best}
+        med = {m: float(np.median(v)) for m, v in self.samples.items()}
+        method = max(med, key=med.get)
+        return {"gbps": med[method], "method": method, "medians": med, "samples": self.samples,
+                "tuning": self.tuning, "extent_bytes": self.size,
+                "note": "median of rounds for the best tuned method; reads kvswarm's own extents"}
 
 
 def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console) -> dict:
@@ -283,10 +296,11 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
     kv_dir = os.path.join(root, f"kv-{size}")
     os.makedirs(kv_dir)
     try:
-        raw = RawCeiling(os.path.join(root, "raw.bin"), size, total)
         cases = {"fs": TierCase(bench, fs_config(os.path.join(root, f"fs-{size}"))),
                  "kvswarm": TierCase(bench, kv_config([kv_dir], backend,
                                                       bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
+        raw = RawCeiling(cases["kvswarm"].run.tier.store)
+        raw.tune()
         out.update(measure_rounds(cases, rounds, raw.measure))
         out["raw"] = raw.result()
     finally:
@@ -298,7 +312,7 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
         out[t]["restore_ratio_vs_raw"] = out[t]["restore_gbps"] / rawg
         out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg
     console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}); restore fs {out['fs']['restore_gbps']:.2f}, "
-                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s (best of {rounds} rounds)")
+                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s (medians of {rounds} rounds)")
     return out
 
 
@@ -339,23 +353,24 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dic
                 drop_caches()
                 r0, t0 = disk_reads(), time.perf_counter()
                 run = bench.open(cfg)  # the restarted engine's tier
+                t1 = time.perf_counter()
                 found = run.lookup(bench.keys)
                 dt = time.perf_counter() - t0
                 reads = disk_reads() - r0
                 catalog_s = getattr(getattr(run.tier, "store", None), "reopen_seconds", None)
                 run.tier.shutdown()
-                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found), catalog_s))
+                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found), catalog_s, t1 - t0))
     finally:
         bench.close()
         shutil.rmtree(kv_dir, ignore_errors=True)
         shutil.rmtree(os.path.join(root, "fs-lookup"), ignore_errors=True)
     out: dict = {"blocks": n, "rounds": rounds}
     for name, xs in samples.items():
-        dt, reads, hits, catalog_s = sorted(xs, key=lambda x: x[0])[len(xs) // 2]  # the median round
+        dt, reads, hits, catalog_s, open_s = sorted(xs, key=lambda x: x[0])[len(xs) // 2]  # the median round
         out[name] = {"seconds": dt, "device_reads": reads, "hits": hits, "seconds_rounds": [x[0] for x in xs],
-                     "catalog_load_s": catalog_s}
-        console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median), {reads} device reads, "
-                      f"{hits} hits")
+                     "catalog_load_s": catalog_s, "open_s": open_s}
+        console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median; opening the tier "
+                      f"{open_s * 1e3:.0f} ms of it), {reads} device reads, {hits} hits")
     return out
 
 
