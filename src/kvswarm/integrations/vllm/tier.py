@@ -144,7 +144,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  backend: str = "threads", queue_depth: int = 32, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
-                 max_inflight_jobs: int = 16, max_batch_bytes: int = 64 << 20, eviction: str = "lru",
+                 max_inflight_jobs: int = 16, max_batch_bytes: int = 4 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -162,7 +162,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._catalog = self.store.catalog.entries
         self.durable = durable
         self.flush_interval = flush_interval
-        self.max_batch_bytes = max_batch_bytes  # smaller batches: copy-out of one overlaps reads of the next
+        # Small batches: a batch is verified and copied out only once all its reads are back, so
+        # with big chunks (2 MiB) one chunk per batch lets copy-out overlap the job's other reads.
+        self.max_batch_bytes = max_batch_bytes
         self._events: list[OffloadingEvent] | None = (
             [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
         self._max_inflight = max(1, max_inflight_jobs)
@@ -278,9 +280,10 @@ class KVSwarmTierManager(SecondaryTierManager):
                 self._submit_batches(j, force=not any(x.batches for x in active))
             progressed = False
             for j in active:
-                for b in [b for b in j.batches if b[2].poll()]:
-                    j.batches.remove(b)
-                    self._complete_batch(j, *b)
+                # Oldest batch first (the engine serves each drive in order): one poll per job, not
+                # one per batch, so jobs cut into many small batches cost no syscall storm.
+                while j.batches and j.batches[0][2].poll():
+                    self._complete_batch(j, *j.batches.pop(0))
                     progressed = True
             finished = [j for j in active if j.done]
             for j in finished:
