@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+from kvswarm.registry import Registry
+
 
 @dataclass(frozen=True, slots=True)
 class DriveView:
@@ -62,22 +64,6 @@ class HashPlacement(PlacementStrategy):
         return out
 
 
-_STRATEGIES: dict[str, type[PlacementStrategy]] = {
-    RoundRobinStriping.name: RoundRobinStriping,
-    HashPlacement.name: HashPlacement,
-}
-
-
-def register(cls: type[PlacementStrategy]) -> type[PlacementStrategy]:
-    """Make a strategy selectable by name in StoreConfig / CLI."""
-    _STRATEGIES[cls.name] = cls
-    return cls
-
-
-def make_placement(spec: str | PlacementStrategy) -> PlacementStrategy:
-    if isinstance(spec, PlacementStrategy):
-        return spec
-    try:
-        return _STRATEGIES[spec]()
-    except KeyError:
-        raise ValueError(f"unknown placement {spec!r}; one of {sorted(_STRATEGIES)}") from None
+PLACEMENTS = Registry("placement", PlacementStrategy, RoundRobinStriping, HashPlacement)
+register = PLACEMENTS.register  # makes a strategy selectable by name in StoreConfig / CLI
+make_placement = PLACEMENTS.make

@@ -13,7 +13,6 @@ may pass a placement hint per page (e.g. a cluster id) down to the store's place
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from kvswarm.format import HEADER_SIZE, extent_size
+from kvswarm.registry import Registry
 
 
 @dataclass
@@ -63,22 +63,9 @@ class ContiguousPages(Grouping):
         return [Group(positions[i:i + capacity]) for i in range(0, len(positions), capacity)]
 
 
-_GROUPINGS: dict[str, Callable[..., Grouping]] = {ContiguousPages.name: ContiguousPages}
-
-
-def register(cls: type[Grouping]) -> type[Grouping]:
-    """Make a grouping constructible by name (benchmarks, CLI)."""
-    _GROUPINGS[cls.name] = cls
-    return cls
-
-
-def make_grouping(spec: str | Grouping, **kw) -> Grouping:
-    if isinstance(spec, Grouping):
-        return spec
-    try:
-        return _GROUPINGS[spec](**kw)
-    except KeyError:
-        raise ValueError(f"unknown grouping {spec!r}; one of {sorted(_GROUPINGS)}") from None
+GROUPINGS = Registry("grouping", Grouping, ContiguousPages)
+register = GROUPINGS.register  # makes a grouping constructible by name (benchmarks, CLI)
+make_grouping = GROUPINGS.make
 
 
 @dataclass

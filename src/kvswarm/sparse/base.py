@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
+
+from kvswarm.registry import Registry
 
 
 @dataclass
@@ -136,23 +138,7 @@ def small_ops() -> Iterator[None]:
 
 
 # ---- registry ---------------------------------------------------------------------------------
-_SELECTORS: dict[str, Callable[..., Selector]] = {}
-
-
-def register(cls: type[Selector]) -> type[Selector]:
-    """Make a selector constructible by name (CLI, benchmarks): ``make_selector(name, **kw)``."""
-    _SELECTORS[cls.name] = cls
-    return cls
-
-
-def make_selector(spec: str | Selector, **kw) -> Selector:
-    if isinstance(spec, Selector):
-        return spec
-    try:
-        return _SELECTORS[spec](**kw)
-    except KeyError:
-        raise ValueError(f"unknown selector {spec!r}; one of {sorted(_SELECTORS)}") from None
-
-
-def selector_names() -> list[str]:
-    return sorted(_SELECTORS)
+SELECTORS = Registry("selector", Selector)
+register = SELECTORS.register  # makes a selector constructible by name: ``make_selector(name, **kw)``
+make_selector = SELECTORS.make
+selector_names = SELECTORS.names

@@ -22,13 +22,13 @@ best one can do without evidence) in every strategy.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 from scipy import sparse
 
+from kvswarm.registry import Registry
 from kvswarm.swarm.coact import CoGraph
 
 
@@ -249,21 +249,9 @@ class Partition(Clusterer):
         return f"partition({self.size},r={self.rank})"
 
 
-_CLUSTERERS: dict[str, Callable[..., Clusterer]] = {c.name: c for c in (Greedy, Frequency, Partition)}
-
-
-def register(cls: type[Clusterer]) -> type[Clusterer]:
-    _CLUSTERERS[cls.name] = cls
-    return cls
-
-
-def make_clusterer(spec: str | Clusterer, **kw) -> Clusterer:
-    if isinstance(spec, Clusterer):
-        return spec
-    try:
-        return _CLUSTERERS[spec](**kw)
-    except KeyError:
-        raise ValueError(f"unknown clusterer {spec!r}; one of {sorted(_CLUSTERERS)}") from None
+CLUSTERERS = Registry("clusterer", Clusterer, Greedy, Frequency, Partition)
+register = CLUSTERERS.register
+make_clusterer = CLUSTERERS.make
 
 
 def contiguous(positions: np.ndarray, size: int) -> Clusters:

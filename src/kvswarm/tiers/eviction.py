@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import ClassVar
 
+from kvswarm.registry import Registry
+
 Key = Hashable
 
 
@@ -287,20 +289,6 @@ class S3FIFO(EvictionPolicy):
         return iter(list(self.small) + list(self.main))
 
 
-POLICIES: dict[str, type[EvictionPolicy]] = {c.name: c for c in (LRU, ARC, S3FIFO)}
-
-
-def register(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
-    """Make an eviction strategy selectable by name."""
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def make_eviction(name: str | EvictionPolicy, capacity: int) -> EvictionPolicy:
-    """An eviction policy by name (``lru``, ``arc``, ``s3fifo``) for ``capacity`` blocks."""
-    if isinstance(name, EvictionPolicy):
-        return name
-    try:
-        return POLICIES[name](capacity)
-    except KeyError:
-        raise ValueError(f"unknown eviction policy {name!r}; one of {sorted(POLICIES)}") from None
+POLICIES = Registry("eviction policy", EvictionPolicy, LRU, ARC, S3FIFO)
+register = POLICIES.register  # makes an eviction strategy selectable by name
+make_eviction = POLICIES.make  # ``make_eviction("lru"|"arc"|"s3fifo", capacity)``
