@@ -20,61 +20,19 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
-from kvswarm.tiers.eviction import EvictionPolicy, register
+from kvswarm.tiers.eviction import LRU, EvictionPolicy, register
 
 Key = Hashable
 
 
 @register
-class SizedLRU(EvictionPolicy):
-    name = "sized_lru"
+class SizedLRU(LRU):
+    """The tiers' :class:`LRU` (which takes sizes), with the ``admit`` test the unit cache asks."""
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
-        self._d: OrderedDict[Key, int] = OrderedDict()
-        self.used = 0
+    name = "sized_lru"
 
     def admit(self, key: Key, size: int = 1) -> bool:
         return size <= self.capacity
-
-    def insert(self, key: Key, size: int = 1) -> list[Key]:
-        if key in self._d:
-            self._d.move_to_end(key)
-            return []
-        if size > self.capacity:
-            return [key]
-        out = []
-        while self.used + size > self.capacity:
-            out.append(self._evict_one())
-        self._d[key] = size
-        self.used += size
-        return out
-
-    def touch(self, key: Key) -> bool:
-        if key in self._d:
-            self._d.move_to_end(key)
-            return True
-        return False
-
-    def remove(self, key: Key) -> bool:
-        if key in self._d:
-            self.used -= self._d.pop(key)
-            return True
-        return False
-
-    def _evict_one(self) -> Key:
-        k, s = self._d.popitem(last=False)
-        self.used -= s
-        return k
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._d
-
-    def __len__(self) -> int:
-        return self.used
-
-    def __iter__(self) -> Iterator[Key]:
-        return iter(list(self._d))
 
 
 @register

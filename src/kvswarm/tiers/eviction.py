@@ -5,7 +5,7 @@ of one KV layout have the same size).  It does no I/O: :meth:`EvictionPolicy.ins
 returns the ids it pushed out, and the caller (the tier director, or a simulator)
 decides what happens to them.  Implementations:
 
-* ``lru``      least recently used (an ``OrderedDict``);
+* ``lru``      least recently used (an ``OrderedDict``; entries may carry sizes);
 * ``arc``      Adaptive Replacement Cache (Megiddo & Modha, FAST'03): recency and frequency
                lists with ghost lists that tune the split between them;
 * ``s3fifo``   S3-FIFO (Yang et al., SOSP'23): a small probationary FIFO, a main FIFO with
@@ -76,22 +76,28 @@ class EvictionPolicy(abc.ABC):
 
 
 class LRU(EvictionPolicy):
+    """Least recently used.  ``insert`` takes an optional ``size`` (default 1: capacity counts
+    blocks) for callers whose units differ in size (the swarm's ``sized_lru``); it evicts until
+    the newcomer fits, and ``len`` is the size in use."""
+
     name = "lru"
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self._d: OrderedDict[Key, None] = OrderedDict()
+        self._d: OrderedDict[Key, int] = OrderedDict()  # key -> size
+        self.used = 0
 
-    def insert(self, key: Key) -> list[Key]:
+    def insert(self, key: Key, size: int = 1) -> list[Key]:
         if key in self._d:
             self._d.move_to_end(key)
             return []
-        if self.capacity == 0:
+        if size > self.capacity:
             return [key]
         out = []
-        while len(self._d) >= self.capacity:
+        while self.used + size > self.capacity:
             out.append(self._evict_one())
-        self._d[key] = None
+        self._d[key] = size
+        self.used += size
         return out
 
     def touch(self, key: Key) -> bool:
@@ -101,16 +107,21 @@ class LRU(EvictionPolicy):
         return False
 
     def remove(self, key: Key) -> bool:
-        return self._d.pop(key, 0) is None
+        if key in self._d:
+            self.used -= self._d.pop(key)
+            return True
+        return False
 
     def _evict_one(self) -> Key:
-        return self._d.popitem(last=False)[0]
+        k, s = self._d.popitem(last=False)
+        self.used -= s
+        return k
 
     def __contains__(self, key: object) -> bool:
         return key in self._d
 
     def __len__(self) -> int:
-        return len(self._d)
+        return self.used
 
     def __iter__(self) -> Iterator[Key]:
         return iter(list(self._d))
