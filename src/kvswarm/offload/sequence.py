@@ -20,7 +20,7 @@ import io
 import json
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -93,6 +93,36 @@ class FetchHandle(abc.ABC):
 
     @abc.abstractmethod
     def wait(self) -> Fetched: ...
+
+
+class StoreRead(FetchHandle):
+    """A fetch that submits one store read of ``keys`` at once; ``wait`` builds its result once
+    (``_finish``), timing ``io_s`` from ``t0``, taken before the keys are built."""
+
+    def __init__(self, store: KVStore, keys: Iterable[bytes]) -> None:
+        self.t0 = time.perf_counter()
+        keys = list(keys)
+        self.handle = store.submit_get(keys) if keys else None
+        self._result: Fetched | None = None
+
+    def poll(self) -> bool:
+        return self.handle is None or self.handle.poll()
+
+    def wait(self) -> Fetched:
+        if self._result is None:
+            self._result = self._finish()
+        return self._result
+
+    @abc.abstractmethod
+    def _finish(self) -> Fetched: ...
+
+
+def payload_entries(view: memoryview | None, n: int, lay: KVLayout) -> np.ndarray | None:
+    """A read's payload as its ``n`` entries [n, 2, kv_heads, head_dim] over the buffer (no copy);
+    None when it is missing or of the wrong size (as bad as a checksum failure: a miss)."""
+    if view is None or len(view) != n * lay.entry_bytes:
+        return None
+    return np.frombuffer(view, lay.numpy_dtype()).reshape(n, 2, lay.num_kv_heads, lay.head_dim)
 
 
 class EntrySource(abc.ABC):
@@ -203,7 +233,7 @@ class MemorySequence(EntrySource):
 
 
 # ---- on the drives ------------------------------------------------------------------------
-class _StoreFetch(FetchHandle):
+class _StoreFetch(StoreRead):
     def __init__(self, seq: StoreSequence, layer: int, positions: np.ndarray) -> None:
         self.seq, self.layer, self.positions = seq, layer, positions
         table = seq.tables[layer]
@@ -212,17 +242,9 @@ class _StoreFetch(FetchHandle):
             raise ValueError(f"layer {layer}: positions {positions[pg < 0][:5]} are not offloaded")
         self.pages, self.inv = np.unique(pg, return_inverse=True)
         self.copy = seq.choose_copies(layer, self.pages)
-        self.t0 = time.perf_counter()
-        self.handle = seq.store.submit_get([seq.copy_key(layer, int(p), int(c)) for p, c in
-                                            zip(self.pages, self.copy)]) if len(self.pages) else None
-        self._result: Fetched | None = None
+        super().__init__(seq.store, (seq.copy_key(layer, int(p), int(c)) for p, c in zip(self.pages, self.copy)))
 
-    def poll(self) -> bool:
-        return self.handle is None or self.handle.poll()
-
-    def wait(self) -> Fetched:
-        if self._result is not None:
-            return self._result
+    def _finish(self) -> Fetched:
         seq, lay = self.seq, self.seq.layout
         shape = (2, lay.num_kv_heads, lay.head_dim)
         dtype = lay.numpy_dtype()
@@ -234,13 +256,11 @@ class _StoreFetch(FetchHandle):
         if self.handle is not None:
             with self.handle.wait() as res:
                 for i, (p, view) in enumerate(zip(self.pages, res.views)):
-                    n = len(table.pages[p])
-                    # A payload of the wrong size is as bad as a checksum failure: a miss.
-                    if view is None or len(view) != n * lay.entry_bytes:
+                    if (e := payload_entries(view, len(table.pages[p]), lay)) is None:
                         continue
-                    arrays.append(np.frombuffer(view, dtype).reshape(n, *shape))
+                    arrays.append(e)
                     ok[i], base[i] = True, off
-                    off += n
+                    off += len(e)
                 rows = np.concatenate(arrays) if arrays else np.zeros((0, *shape), dtype)  # copies out of the lease
                 arrays.clear()  # drop the exports of the lease's views before it is released
         else:
@@ -252,15 +272,12 @@ class _StoreFetch(FetchHandle):
         out = np.zeros((m, *shape), dtype)
         out[hit] = rows[(base[self.inv] + table.slot_of[self.positions])[hit]]
         k, v = entries_to_kv(out, lay)
-        self._result = Fetched(k, v, np.flatnonzero(~hit), len(self.pages), int((~ok).sum()),
-                               len(rows) * lay.entry_bytes, io_s)
-        return self._result
+        return Fetched(k, v, np.flatnonzero(~hit), len(self.pages), int((~ok).sum()), len(rows) * lay.entry_bytes, io_s)
 
     def _other_copies(self, ok: np.ndarray, base: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Read the pages whose chosen copy was missing or corrupt from their other copies (in
         place in ``ok``/``base``); returns ``rows`` with what arrived appended."""
         seq, lay, table = self.seq, self.seq.layout, self.seq.tables[self.layer]
-        shape = (2, lay.num_kv_heads, lay.head_dim)
         for attempt in range(1, 256):
             todo = [i for i in np.flatnonzero(~ok) if attempt < table.copies(int(self.pages[i]))]
             if not todo:
@@ -270,9 +287,8 @@ class _StoreFetch(FetchHandle):
             got = []
             with seq.store.get_many(keys) as res:
                 for i, view in zip(todo, res.views):
-                    n = len(table.pages[self.pages[i]])
-                    if view is not None and len(view) == n * lay.entry_bytes:
-                        got.append(np.frombuffer(view, lay.numpy_dtype()).reshape(n, *shape).copy())
+                    if (e := payload_entries(view, len(table.pages[self.pages[i]]), lay)) is not None:
+                        got.append(e.copy())
                         ok[i], base[i] = True, len(rows) + sum(len(g) for g in got[:-1])
             if got:
                 rows = np.concatenate([rows, *got])
@@ -419,11 +435,9 @@ class StoreSequence(EntrySource):
             with self.store.get_many([self.resident_key(i) for i in range(self.layout.num_layers)]) as res:
                 r = len(self.geometry.resident)
                 for i, view in enumerate(res.views):
-                    if view is None or len(view) != r * self.layout.entry_bytes:
+                    if (rows := payload_entries(view, r, self.layout)) is None:
                         raise KVMissing(f"resident entries of layer {i} are missing or corrupt")
-                    rows = np.frombuffer(view, self.layout.numpy_dtype()).reshape(
-                        r, 2, self.layout.num_kv_heads, self.layout.head_dim).copy()
-                    self._resident.append(entries_to_kv(rows, self.layout))
+                    self._resident.append(entries_to_kv(rows.copy(), self.layout))
         return self._resident[layer]
 
     def submit(self, layer, positions):

@@ -34,13 +34,14 @@ from kvswarm.layout import KVLayout
 from kvswarm.offload.sequence import (
     EntrySource,
     Fetched,
-    FetchHandle,
     Geometry,
     LayerKV,
     KVMissing,
+    StoreRead,
     _check_kv,
     entries_array,
     entries_to_kv,
+    payload_entries,
 )
 from kvswarm.store import KVStore
 from kvswarm.swarm.cluster import Clusters
@@ -60,22 +61,14 @@ class LayerStats:
     io_s: float
 
 
-class _SwarmFetch(FetchHandle):
+class _SwarmFetch(StoreRead):
     def __init__(self, seq: SwarmSequence, layer: int, positions: np.ndarray, plan: ReadPlan,
                  prefetch: bool = False) -> None:
         self.seq, self.layer, self.positions, self.plan, self.is_prefetch = seq, layer, positions, plan, prefetch
-        reads = list(plan.reads)
-        self.reads = reads
-        self.t0 = time.perf_counter()
-        self.handle = seq.store.submit_get([seq.key(layer, p, c) for p, c in reads]) if reads else None
-        self._result: Fetched | None = None
+        self.reads = list(plan.reads)
+        super().__init__(seq.store, (seq.key(layer, p, c) for p, c in self.reads))
 
-    def poll(self) -> bool:
-        return self.handle is None or self.handle.poll()
-
-    def wait(self) -> Fetched:
-        if self._result is not None:
-            return self._result
+    def _finish(self) -> Fetched:
         seq, lay = self.seq, self.seq.layout
         shape = (2, lay.num_kv_heads, lay.head_dim)
         dtype = lay.numpy_dtype()
@@ -85,20 +78,18 @@ class _SwarmFetch(FetchHandle):
         if self.handle is not None:
             with self.handle.wait() as res:
                 for (p, _), view in zip(self.reads, res.views):
-                    n = len(pieces[p].positions)
-                    if view is None or len(view) != n * lay.entry_bytes:  # a wrong size is as bad as a bad checksum
+                    if (e := payload_entries(view, len(pieces[p].positions), lay)) is None:
                         missing_pieces += 1
                         continue
-                    got[p] = np.frombuffer(view, dtype).reshape(n, *shape).copy()
+                    got[p] = e.copy()
         io_s = time.perf_counter() - self.t0  # submit -> verified entries in DRAM
         nbytes = sum(len(pieces[p].positions) for p in got) * lay.entry_bytes
         if self.is_prefetch:
             for p, rows in got.items():
                 seq.dram[(self.layer, p)] = rows
                 seq.prefetched.add((self.layer, p))
-            self._result = Fetched(torch.zeros(0), torch.zeros(0), np.zeros(0, np.int64), len(self.reads),
-                                   missing_pieces, nbytes, io_s)
-            return self._result
+            return Fetched(torch.zeros(0), torch.zeros(0), np.zeros(0, np.int64), len(self.reads),
+                           missing_pieces, nbytes, io_s)
         seq.last = LayerStats(self.plan, io_s)
         sources = list(got.items()) + [(p, seq.dram[(self.layer, p)]) for p in self.plan.cached_used.tolist()
                                        if (self.layer, p) in seq.dram]
@@ -127,8 +118,7 @@ class _SwarmFetch(FetchHandle):
             out[dst[keep]] = rows[keep]
             have[dst[keep]] = True
         k, v = entries_to_kv(out, lay)
-        self._result = Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces, nbytes, io_s)
-        return self._result
+        return Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces, nbytes, io_s)
 
 
 class SwarmSequence(EntrySource):
@@ -248,10 +238,9 @@ class SwarmSequence(EntrySource):
         with self.store.get_many([self.resident_key(i) for i in range(lay.num_layers)]) as res:
             rows = []
             for i, view in enumerate(res.views):
-                if view is None or len(view) != r * lay.entry_bytes:
+                if (e := payload_entries(view, r, lay)) is None:
                     raise KVMissing(f"resident entries of layer {i} are missing or corrupt")
-                rows.append(np.frombuffer(view, lay.numpy_dtype()).reshape(r, 2, lay.num_kv_heads,
-                                                                           lay.head_dim).copy())
+                rows.append(e.copy())
         self._resident = [entries_to_kv(x, lay) for x in rows]
         self._keys = []
         for layer, ret in enumerate(self.retrievers):
