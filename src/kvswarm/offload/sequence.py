@@ -20,8 +20,9 @@ import io
 import json
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -180,6 +181,22 @@ def entries_array(k: torch.Tensor, v: torch.Tensor, positions: np.ndarray) -> np
     idx = torch.from_numpy(positions)
     e = torch.stack([k[0].index_select(1, idx), v[0].index_select(1, idx)]).permute(2, 0, 1, 3).contiguous()
     return e.view(torch.int16).numpy().view(np.uint16) if e.dtype == torch.bfloat16 else e.numpy()
+
+
+def put_layer(store: KVStore, layer: int, ent: np.ndarray, pages: Iterable[tuple[np.ndarray, Sequence[object]]],
+              page_key: Callable[[int, int], bytes], resident_key: bytes, resident: np.ndarray, what: str) -> None:
+    """Write one layer in one batch: each page's entries ``ent[positions]`` once per copy, with that
+    copy's drive hint (``page_key(page, copy)``), then the resident entries; DriveError if any failed."""
+    items, hints = [], []
+    for i, (positions, copy_hints) in enumerate(pages):
+        data = np.ascontiguousarray(ent[positions])
+        for c, h in enumerate(copy_hints):
+            items.append((page_key(i, c), data))
+            hints.append(h)
+    items.append((resident_key, np.ascontiguousarray(ent[resident])))
+    stored = store.put_many(items, hints + [None])
+    if not all(stored):
+        raise DriveError(f"layer {layer}: {stored.count(False)} of {len(items)} {what} failed to write")
 
 
 def entries_to_kv(rows: np.ndarray, layout: KVLayout) -> LayerKV:
@@ -372,17 +389,9 @@ class StoreSequence(EntrySource):
             if len(off) and (table.page_of[off] < 0).any():
                 raise ValueError(f"grouping {grouper.describe()} left layer {layer} entries unplaced")
             tables.append(table)
-            ent = entries_array(k, v, np.arange(n, dtype=np.int64))
-            items, hints = [], []
-            for i, g in enumerate(groups):
-                data = np.ascontiguousarray(ent[g.positions])
-                for c, h in enumerate([g.hint, *g.copies]):
-                    items.append((seq.copy_key(layer, i, c), data))
-                    hints.append(h)
-            items.append((seq.resident_key(layer), np.ascontiguousarray(ent[geo.resident])))
-            stored = store.put_many(items, hints + [None])
-            if not all(stored):
-                raise DriveError(f"layer {layer}: {stored.count(False)} of {len(items)} pages failed to write")
+            put_layer(store, layer, entries_array(k, v, np.arange(n, dtype=np.int64)),
+                      [(g.positions, [g.hint, *g.copies]) for g in groups],
+                      partial(seq.copy_key, layer), seq.resident_key(layer), geo.resident, "pages")
             if keep_index_keys:
                 index_keys.append(keys.clone())
         seq._index_keys = index_keys if keep_index_keys else None

@@ -23,6 +23,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -42,6 +43,7 @@ from kvswarm.offload.sequence import (
     entries_array,
     entries_to_kv,
     payload_entries,
+    put_layer,
 )
 from kvswarm.store import KVStore
 from kvswarm.swarm.cluster import Clusters
@@ -165,17 +167,9 @@ class SwarmSequence(EntrySource):
                 held[p.positions] = True
             if not held[off].all():
                 raise ValueError(f"layer {layer}: the layout leaves offloaded entries without a piece")
-            ent = entries_array(k, v, np.arange(len(tokens), dtype=np.int64))
-            items, hints = [], []
-            for i, p in enumerate(lay.pieces):
-                data = np.ascontiguousarray(ent[p.positions])
-                for c, h in enumerate(p.drives):
-                    items.append((seq.key(layer, i, c), data))
-                    hints.append(h)
-            items.append((seq.resident_key(layer), np.ascontiguousarray(ent[geo.resident])))
-            ok = store.put_many(items, hints + [None])
-            if not all(ok):
-                raise DriveError(f"layer {layer}: {ok.count(False)} of {len(items)} pieces failed to write")
+            put_layer(store, layer, entries_array(k, v, np.arange(len(tokens), dtype=np.int64)),
+                      [(p.positions, p.drives) for p in lay.pieces],
+                      partial(seq.key, layer), seq.resident_key(layer), geo.resident, "pieces")
             seq._keys.append(k[0, :, geo.off_start:geo.off_end].clone())
             seq._resident.append((k[0][:, geo.resident].clone(), v[0][:, geo.resident].clone()))
         if not store.put(cls.manifest_key(salt, seq_id), seq._manifest()):
