@@ -128,18 +128,17 @@ class Catalog:
         # Rows are grouped by object (parts in order), so an object starts where part == 0.
         starts = np.flatnonzero(arr["part"] == 0)
         # V16 keeps trailing NUL bytes of a digest (S16 would strip them).
-        digests = arr["digest"].astype("V16").tolist()
-        gens = arr["generation"].tolist()
-        plens = arr["payload_len"].tolist()
-        exts = list(zip(arr["drive"].tolist(), arr["offset"].tolist(), arr["length"].tolist(),
-                        arr["csum"].tolist()))
-        entries = self.entries
-        if len(starts) == rows:  # every object is one extent: build them without a Python loop body
-            entries.update(zip(digests, map(Entry, gens, plens, [(x,) for x in exts])))
-            return
-        bounds = starts.tolist() + [rows]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            entries[digests[a]] = Entry(gens[a], plens[a], tuple(exts[a:b]))
+        digests = arr["digest"][starts].astype("V16").tolist()
+        exts = zip(arr["drive"].tolist(), arr["offset"].tolist(), arr["length"].tolist(), arr["csum"].tolist())
+        counts = np.diff(np.append(starts, rows))
+        k = int(counts[0])
+        if (counts == k).all():  # every object has k extents: group them without a Python loop body
+            grouped = zip(*[exts] * k)  # k consecutive extents per tuple
+        else:
+            ext_list = list(exts)
+            grouped = (tuple(ext_list[a:a + n]) for a, n in zip(starts.tolist(), counts.tolist()))
+        self.entries.update(zip(digests, map(Entry, arr["generation"][starts].tolist(),
+                                             arr["payload_len"][starts].tolist(), grouped)))
 
     def _replay(self, data: bytes) -> None:
         pos, n = _JHDR.size, len(data)
