@@ -95,6 +95,25 @@ def test_overwrite_delete_and_reopen(tmp_path, backend):
         assert sum(d["capacity"] - d["free_bytes"] for d in s.stats()["drives"]) == used
 
 
+def test_handles_finish_in_completion_order(tmp_path, backend):
+    with _open(_dirs(tmp_path, 2), backend) as s:
+        s.put_many([(b"o%d" % i, _payload(b"o%d" % i, 5000)) for i in range(40)])
+        assert s.progress(0) == 0  # nothing in flight: returns at once
+        live = [s.submit_get([b"o%d" % i for i in range(j, j + 10)]) for j in range(0, 40, 10)]
+        seen = 0
+        while live:
+            ready = [h for h in live if h.done]
+            if not ready:
+                assert s.progress() > 0  # blocks until at least one read is back
+                continue
+            for h in ready:
+                live.remove(h)
+                with h.wait() as r:
+                    assert r.misses == 0
+                    seen += len(r.views)
+        assert seen == 40
+
+
 def test_corrupted_extent_is_a_counted_miss(tmp_path, backend):
     paths = _dirs(tmp_path, 2)
     with _open(paths, backend) as s:

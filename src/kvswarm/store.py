@@ -114,6 +114,11 @@ class GetHandle:
         self._batch, self._lease, self._n = batch, lease, nkeys
         self._result: GetResult | None = None
 
+    @property
+    def done(self) -> bool:
+        """All reads are back (no system call: completions are taken in by poll/wait/progress)."""
+        return self._batch.done
+
     def poll(self) -> bool:
         if not self._batch.done:
             self._store.engine.poll(0)
@@ -130,6 +135,10 @@ class PutHandle:
     def __init__(self, store: KVStore, batch: Batch, staged: tuple) -> None:
         self._store, self._batch, self._staged = store, batch, staged
         self._done: list[bool] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._batch.done
 
     def poll(self) -> bool:
         if not self._batch.done:
@@ -404,6 +413,14 @@ class KVStore:
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
         batch = self.engine.submit(live, checked=True)
         return GetHandle(self, keys if keys is not None else digests, found, reqs, batch, lease, len(digests))
+
+    def progress(self, timeout: float | None = None) -> int:
+        """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
+        flight; returns how many arrived.  With ``handle.done`` a caller finishes handles in the
+        order they complete, so one slow read does not hold up the others."""
+        if not self.engine.inflight():
+            return 0
+        return len(self.engine.poll(timeout))
 
     def get_many(self, keys: Sequence[bytes]) -> GetResult:
         return self.submit_get(keys).wait()
