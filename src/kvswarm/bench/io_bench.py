@@ -288,7 +288,9 @@ def _store_shape(size: int, depth: int) -> tuple[int, int]:
 
     The extra batches keep the engine's queues full while finished ones are verified.
     """
-    batch = max(1, min(64, (512 * KiB) // size))
+    # At least 4 keys: each batch is one submission (one system call and one device notification),
+    # which single-object batches of 1 MiB would pay per object.
+    batch = max(4, min(64, (512 * KiB) // size))
     inflight = max(4, min(-(-4 * depth // batch), 64 * MiB // (batch * size)))
     return batch, inflight
 
