@@ -105,24 +105,31 @@ class GetResult:
         self.release()
 
 
-class GetHandle:
-    """A batched read in flight: ``poll()`` is non-blocking, ``wait()`` returns the result."""
+class _Handle:
+    """A batch in flight: ``done`` and ``poll()`` never block, ``wait()`` gives the outcome."""
 
-    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[tuple[int, bytes, Entry]],
-                 reqs: list[IORequest], batch: Batch, lease: Lease | None, nkeys: int) -> None:
-        self._store, self._keys, self._found, self._reqs = store, keys, found, reqs
-        self._batch, self._lease, self._n = batch, lease, nkeys
-        self._result: GetResult | None = None
+    _store: KVStore
+    _batch: Batch
 
     @property
     def done(self) -> bool:
-        """All reads are back (no system call: completions are taken in by poll/wait/progress)."""
+        """All I/Os are back (no system call: completions are taken in by poll/wait/progress)."""
         return self._batch.done
 
     def poll(self) -> bool:
         if not self._batch.done:
             self._store.engine.poll(0)
         return self._batch.done
+
+
+class GetHandle(_Handle):
+    """A batched read in flight; ``wait()`` returns the :class:`GetResult`."""
+
+    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[tuple[int, bytes, Entry]],
+                 reqs: list[IORequest], batch: Batch, lease: Lease | None, nkeys: int) -> None:
+        self._store, self._keys, self._found, self._reqs = store, keys, found, reqs
+        self._batch, self._lease, self._n = batch, lease, nkeys
+        self._result: GetResult | None = None
 
     def wait(self) -> GetResult:
         if self._result is None:
@@ -131,19 +138,10 @@ class GetHandle:
         return self._result
 
 
-class PutHandle:
+class PutHandle(_Handle):
     def __init__(self, store: KVStore, batch: Batch, staged: tuple) -> None:
         self._store, self._batch, self._staged = store, batch, staged
         self._done: list[bool] | None = None
-
-    @property
-    def done(self) -> bool:
-        return self._batch.done
-
-    def poll(self) -> bool:
-        if not self._batch.done:
-            self._store.engine.poll(0)
-        return self._batch.done
 
     def wait(self) -> list[bool]:
         """Per item: True when stored (the catalog now points at it)."""
