@@ -230,36 +230,35 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        out = {}
-        for t in transfers:
-            pool, offsets = self._pool_pages(t)
-            if offsets is None:
-                out[t.name] = [False] * len(t.keys or [])
-                continue
+        def get(t: PoolTransfer, pool, offsets: list[int]) -> list[bool]:
             dummy = pool.get_dummy_flat_data_page()
             nbytes = dummy.numel() * dummy.element_size()
 
-            def sink(i: int, view: memoryview, pool=pool, offsets=offsets, nbytes=nbytes, dummy=dummy) -> bool:
+            def sink(i: int, view: memoryview) -> bool:
                 if len(view) != nbytes:
                     return False
                 page = torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype)
                 pool.set_from_flat_data_page(offsets[i], page)
                 return True
 
-            out[t.name] = self._read([self._key(k, t.name) for k in t.keys], sink)
-        return out
+            return self._read([self._key(k, t.name) for k in t.keys], sink)
+
+        return self._each_transfer(transfers, get)
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        def put(t: PoolTransfer, pool, offsets: list[int]) -> list[bool]:
+            return self._write([self._key(k, t.name) for k in t.keys],
+                               lambda i: _tensor_bytes(pool.get_data_page(offsets[i], flat=True)))
+
+        return self._each_transfer(transfers, put)
+
+    def _each_transfer(self, transfers: list[PoolTransfer], run) -> dict[str, list[bool]]:
+        """``run(transfer, pool, offsets)`` per transfer; one whose pool pages are unknown fails whole."""
         out = {}
         for t in transfers:
             pool, offsets = self._pool_pages(t)
-            if offsets is None:
-                out[t.name] = [False] * len(t.keys or [])
-                continue
-            out[t.name] = self._write([self._key(k, t.name) for k in t.keys],
-                                      lambda i, pool=pool, offsets=offsets:
-                                      _tensor_bytes(pool.get_data_page(offsets[i], flat=True)))
+            out[t.name] = [False] * len(t.keys or []) if offsets is None else run(t, pool, offsets)
         return out
 
     def _pool_pages(self, t: PoolTransfer) -> tuple[Any, list[int] | None]:
