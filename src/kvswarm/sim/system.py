@@ -35,8 +35,8 @@ class SystemModel:
     gpu_link: LinkModel | None = None  # host memory -> GPU
     engine_depth: int = 4  # ops in flight per drive from the host (thread workers / io_uring depth)
     # The thread engine's way: a drive's share of a batch is cut into engine_depth chunks, each
-    # read in order by one worker and completed (latency recorded) as a whole.  False: io_uring-like,
-    # each op completes on its own.
+    # read in order by one worker and completed as a whole (each op's latency is its own service
+    # time).  False: io_uring-like, each op completes on its own.
     chunked: bool = False
     cpu_per_op: float = 0.0  # host seconds per extent to submit and verify (one GIL: serial)
     cpu_per_byte: float = 0.0  # host seconds per payload byte (checksum)
@@ -257,15 +257,15 @@ class SimStore:
         return procs
 
     def _chunk(self, ops: list[tuple[int, int, int, int, int]], write: bool):
-        t0 = self.env.now
         for op in ops:
-            yield from self._io(*op, write=write, record=False)
-        self.op_latencies.extend([self.env.now - t0] * len(ops))
+            yield from self._io(*op, write=write)
 
-    def _io(self, drive: int, offset: int, nbytes: int, nops: int, seeks: int, write: bool, record: bool = True):
-        t0 = self.env.now
+    def _io(self, drive: int, offset: int, nbytes: int, nops: int, seeks: int, write: bool):
         with self.engine[drive].request() as slot:
             yield slot
+            # Latency from the moment the op holds an engine slot, as the engines stamp it: a
+            # thread worker when it starts the op, io_uring when the op enters the ring.
+            t0 = self.env.now
             serve = self.drives[drive].serve(nbytes, nops, write, offset, seeks)
             if self.host_link is None:
                 yield from serve
@@ -279,8 +279,7 @@ class SimStore:
             else:
                 yield from serve
                 yield from self.host_link.transfer(nbytes, nops)
-        if record:
-            self.op_latencies.append(self.env.now - t0)
+        self.op_latencies.append(self.env.now - t0)
 
     def _cpu(self, nops: int, nbytes: int):
         t = self.model.cpu_per_op * nops + self.model.cpu_per_byte * nbytes
