@@ -217,16 +217,20 @@ class KVStore:
 
         entries = self.catalog.entries
         caps = np.array([d.capacity for d in self.drives], np.int64)
+
+        def stale_of(drv: np.ndarray, off: np.ndarray, ln: np.ndarray) -> np.ndarray:
+            return (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
+
         cols = self.catalog.take_checkpoint_extents()  # a reopen after a clean close: no walk over the entries
         if cols is not None:
             drv, off, ln = cols
-            stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
-        if cols is None or stale.any():
+            stale = stale_of(drv, off, ln)
+        if cols is None or stale.any():  # dropping stale objects needs each extent's owner: walk the entries
             counts = np.fromiter((len(e.extents) for e in entries.values()), np.int64, len(entries))
             ext = np.fromiter(itertools.chain.from_iterable(x[:3] for e in entries.values() for x in e.extents),
                               np.int64, 3 * int(counts.sum())).reshape(-1, 3)
             drv, off, ln = ext[:, 0], ext[:, 1], ext[:, 2]
-            stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
+            stale = stale_of(drv, off, ln)
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
             owner = np.repeat(np.arange(len(entries)), counts)
             digests = list(entries)
