@@ -144,9 +144,18 @@ class SizeRun:
     store_write: Sample | None = None
     best_threads: int = 16
     best_depth: int = 32
-    raw: dict[str, list[Sample]] = field(default_factory=dict)  # per method: "preadv", "io_uring"
     store: dict[str, list[Sample]] = field(default_factory=dict)
-    raw_by_backend: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # raw samples of each backend's rounds
+    # Raw samples per store backend (the rounds they shared), per method: "preadv", "io_uring".
+    raw_by_backend: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)
+
+    @property
+    def raw(self) -> dict[str, list[Sample]]:
+        """Every raw sample per method, backend after backend."""
+        out: dict[str, list[Sample]] = {}
+        for per_method in self.raw_by_backend.values():
+            for m, ss in per_method.items():
+                out.setdefault(m, []).extend(ss)
+        return out
 
 
 class Drives:
@@ -374,7 +383,6 @@ def bench(args: argparse.Namespace, console) -> dict:
                                 for which in order:
                                     if which == 0:
                                         for m, smp in _raw_samples(drives, run, fds, seconds, rng, use_uring):
-                                            run.raw.setdefault(m, []).append(smp)
                                             run.raw_by_backend.setdefault(backend, {}).setdefault(m, []).append(smp)
                                     else:
                                         keys = _shuffled(run.keys, rng)
@@ -394,8 +402,9 @@ def bench(args: argparse.Namespace, console) -> dict:
     for run in runs:
         name = SIZE_NAMES.get(run.size, f"{run.size // KiB}k")
         # Each side: the median of each of its methods, then the best method.
-        raw_m = max(run.raw, key=lambda m: _median(run.raw[m], upper=True).gbps)
-        raw = _median(run.raw[raw_m], upper=True)
+        all_raw = run.raw
+        raw_m = max(all_raw, key=lambda m: _median(all_raw[m], upper=True).gbps)
+        raw = _median(all_raw[raw_m], upper=True)
         per_backend = {b: _median(ss, upper=False) for b, ss in run.store.items()}
         best_b = max(per_backend, key=lambda b: per_backend[b].gbps)
         st = per_backend[best_b]
@@ -417,7 +426,7 @@ def bench(args: argparse.Namespace, console) -> dict:
             summary[f"ratio_{b}_{name}"] = paired[b]
         results["sizes"][name] = {
             "extent_bytes": run.size, "payload_bytes": run.size - HEADER_SIZE, "objects": len(run.keys),
-            "raw_samples": {m: [vars(s) for s in ss] for m, ss in run.raw.items()}, "raw_median": vars(raw),
+            "raw_samples": {m: [vars(s) for s in ss] for m, ss in all_raw.items()}, "raw_median": vars(raw),
             "raw_best_threads": run.best_threads, "raw_best_depth": run.best_depth,
             "store_samples": {b: [vars(s) for s in ss] for b, ss in run.store.items()},
             "store_best_backend": best_b, "raw_write": vars(run.raw_write), "store_write": vars(run.store_write),
