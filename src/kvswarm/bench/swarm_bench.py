@@ -740,7 +740,6 @@ def plot(out: dict, args, path: str) -> None:
     import matplotlib.pyplot as plt
 
     base = os.path.splitext(path)[0]
-    sp = str(args.budget)
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, per in out["io"].items():
         own = str(op_for(by_name_of(name), args))

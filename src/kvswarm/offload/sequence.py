@@ -302,11 +302,13 @@ class _StoreFetch(StoreRead):
             keys = [seq.copy_key(self.layer, int(self.pages[i]), (int(self.copy[i]) + attempt)
                                  % table.copies(int(self.pages[i]))) for i in todo]
             got = []
+            end = len(rows)  # where the next arriving page's rows start
             with seq.store.get_many(keys) as res:
                 for i, view in zip(todo, res.views):
                     if (e := payload_entries(view, len(table.pages[self.pages[i]]), lay)) is not None:
                         got.append(e.copy())
-                        ok[i], base[i] = True, len(rows) + sum(len(g) for g in got[:-1])
+                        ok[i], base[i] = True, end
+                        end += len(e)
             if got:
                 rows = np.concatenate([rows, *got])
         return rows
@@ -344,16 +346,16 @@ class StoreSequence(EntrySource):
         healthy = [d.healthy for d in self.store.drives]
         nbytes = [table.extent_bytes(int(p), self.layout.entry_bytes) for p in pages]
         for i in sorted(range(len(pages)), key=lambda j: table.copies(int(pages[j]))):  # fixed pages first
-            best, best_load = 0, np.inf
+            best, best_drive, best_load = 0, -1, np.inf
             for c in range(table.copies(int(pages[i]))):
                 e = ents.get(key_digest(self.copy_key(layer, int(pages[i]), c)))
                 d = e.extents[0][0] if e is not None else -1
                 here = load[d] if d >= 0 and healthy[d] else np.inf
                 if here < best_load:
-                    best, best_load = c, here
+                    best, best_drive, best_load = c, d, here
             copy[i] = best
-            if np.isfinite(best_load):
-                load[ents[key_digest(self.copy_key(layer, int(pages[i]), best))].extents[0][0]] += nbytes[i]
+            if best_drive >= 0:
+                load[best_drive] += nbytes[i]
         return copy
 
     def resident_key(self, layer: int) -> bytes:
