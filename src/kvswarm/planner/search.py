@@ -105,11 +105,12 @@ def search(planner: Planner, mixes: Sequence[Mix], budget: float | None = None, 
     for p in chosen:
         sims.append(planner.simulate(p, sim_requests))
         tick("simulate")
-    sims = _rank([p for p in sims if _fails(p, budget, ttft_target) is None]) + \
-        _rank([p for p in sims if _fails(p, budget, ttft_target) is not None])
-    rec = sims[0] if _fails(sims[0], budget, ttft_target) is None else None
+    fails = {id(p): _fails(p, budget, ttft_target) for p in sims}
+    passing = _rank([p for p in sims if fails[id(p)] is None])
+    sims = passing + _rank([p for p in sims if fails[id(p)] is not None])
+    rec = passing[0] if passing else None
     runners = []
     for p in sims[1:]:
-        why = _fails(p, budget, ttft_target)
+        why = fails[id(p)]
         runners.append((p, why if why else (_why_lost(p, rec) if rec else "")))
     return SearchResult(screened, sims, front, rec, runners, rejected)
