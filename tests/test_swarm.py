@@ -96,6 +96,17 @@ def test_greedy_finds_planted_groups():
     assert (cl.heat[cl.cold] == 0).all() and (cl.heat[~cl.cold] > 0).all()
 
 
+def test_clusters_round_trip_through_arrays(tmp_path):
+    x = incidence(planted(), 200)
+    cl = make_clusterer("greedy", tau=0.3, max_copies=2).cluster(cograph(x), x, np.arange(4, 190))
+    np.savez(tmp_path / "c.npz", **cl.to_arrays("c", "3"), **Clusters([], *(np.zeros(0),) * 3).to_arrays("e"))
+    with np.load(tmp_path / "c.npz") as z:
+        back, empty = Clusters.from_arrays(z, "c", "3"), Clusters.from_arrays(z, "e")
+    assert len(back) == len(cl) and all((a == b).all() for a, b in zip(back.members, cl.members))
+    assert (back.medoids == cl.medoids).all() and (back.cold == cl.cold).all() and (back.heat == cl.heat).all()
+    assert len(empty) == 0
+
+
 # ---- the cluster index -----------------------------------------------------------------------
 def synthetic_keys(n: int = 64, kvh: int = 1, d: int = 8, seed: int = 0) -> torch.Tensor:
     return torch.randn(kvh, n, d, generator=torch.Generator().manual_seed(seed))

@@ -44,6 +44,19 @@ class Clusters:
     def __len__(self) -> int:
         return len(self.members)
 
+    def to_arrays(self, prefix: str = "", suffix: str = "") -> dict[str, np.ndarray]:
+        """Named arrays for ``np.savez`` (members concatenated, sizes, medoids, cold, heat)."""
+        flat = np.concatenate(self.members) if self.members else np.zeros(0, np.int64)
+        return {f"{prefix}m{suffix}": flat, f"{prefix}s{suffix}": self.sizes, f"{prefix}d{suffix}": self.medoids,
+                f"{prefix}c{suffix}": self.cold, f"{prefix}h{suffix}": self.heat}
+
+    @classmethod
+    def from_arrays(cls, z, prefix: str = "", suffix: str = "") -> Clusters:
+        """Inverse of :meth:`to_arrays` (``z``: a loaded npz or a dict)."""
+        sizes = z[f"{prefix}s{suffix}"]
+        members = np.split(z[f"{prefix}m{suffix}"], np.cumsum(sizes)[:-1]) if len(sizes) else []
+        return cls(members, z[f"{prefix}d{suffix}"], z[f"{prefix}c{suffix}"], z[f"{prefix}h{suffix}"])
+
     @property
     def sizes(self) -> np.ndarray:
         return np.array([len(m) for m in self.members], np.int64)

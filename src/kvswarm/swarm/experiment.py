@@ -90,14 +90,12 @@ def _cached(td: TextData, name: str, make: Callable[[], dict[int, Clusters]]) ->
     path = capture_dir() / "derived" / f"{key}-p{td.profile_steps}-{name}-v1.npz"
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
-            return {layer: Clusters(np.split(z[f"m{layer}"], np.cumsum(z[f"s{layer}"])[:-1]), z[f"d{layer}"],
-                                    z[f"c{layer}"], z[f"h{layer}"]) for layer in range(td.layers)}
+            return {layer: Clusters.from_arrays(z, suffix=str(layer)) for layer in range(td.layers)}
     out = make()
     path.parent.mkdir(exist_ok=True)
     arrays = {}
     for layer, cl in out.items():
-        arrays.update({f"m{layer}": np.concatenate(cl.members), f"s{layer}": cl.sizes, f"d{layer}": cl.medoids,
-                       f"c{layer}": cl.cold, f"h{layer}": cl.heat})
+        arrays.update(cl.to_arrays(suffix=str(layer)))
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)

@@ -187,9 +187,8 @@ class SwarmSequence(EntrySource):
             cl = lay.clusters
             hints = [[_STRIPE_HINT if h is STRIPE else _NO_HINT if h is None else int(h) for h in p.drives]
                      for p in lay.pieces]
+            arrays.update(cl.to_arrays("c", str(i)))
             arrays.update({
-                f"cm{i}": np.concatenate(cl.members) if len(cl) else np.zeros(0, np.int64), f"cs{i}": cl.sizes,
-                f"cd{i}": cl.medoids, f"cc{i}": cl.cold, f"ch{i}": cl.heat,
                 f"pc{i}": np.array([p.cluster for p in lay.pieces], np.int64),
                 f"pp{i}": np.concatenate([p.positions for p in lay.pieces]) if lay.pieces else np.zeros(0, np.int64),
                 f"ps{i}": np.array([len(p.positions) for p in lay.pieces], np.int64),
@@ -212,9 +211,9 @@ class SwarmSequence(EntrySource):
                 raise LayoutMismatch(f"sequence {seq_id.hex()} was stored for {KVLayout(**meta['layout'])}, "
                                      f"not {layout}")
             layouts = []
+            split = lambda a, n: np.split(a, np.cumsum(n)[:-1]) if len(n) else []  # noqa: E731
             for i in range(layout.num_layers):
-                split = lambda a, n: np.split(a, np.cumsum(n)[:-1]) if len(n) else []  # noqa: E731
-                cl = Clusters(split(z[f"cm{i}"], z[f"cs{i}"]), z[f"cd{i}"], z[f"cc{i}"], z[f"ch{i}"])
+                cl = Clusters.from_arrays(z, "c", str(i))
                 hints = [[STRIPE if h == _STRIPE_HINT else None if h == _NO_HINT else int(h) for h in hs.tolist()]
                          for hs in split(z[f"ph{i}"], z[f"pn{i}"])]
                 pieces = [Piece(int(c), pos, hs) for c, pos, hs in
