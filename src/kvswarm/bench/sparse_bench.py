@@ -43,9 +43,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-
-
 MiB = 1 << 20
 QUICK = {"tokens": 1024, "steps": 8}
 FULL = {"tokens": 4096, "steps": 32}
@@ -158,7 +155,7 @@ class ConfigRun:
     def __init__(self, lm, seq, store, forced: Sequence[int], first_logits, *, name: str, mode: str,
                  selector=None, sparsity: float = 1.0, auditor=None, dense_layers=(), whole_pages: bool = False,
                  build_s: float = 0.0) -> None:
-        from kvswarm.offload import OffloadedKVCache
+        from kvswarm.offload import DecodeResult, OffloadedKVCache
 
         self.lm, self.seq, self.store, self.forced = lm, seq, store, list(forced)
         self.name, self.selector, self.sparsity, self.auditor, self.build_s = name, selector, sparsity, auditor, build_s
@@ -166,10 +163,7 @@ class ConfigRun:
                                       dense_layers=dense_layers, build_index=False, whole_pages=whole_pages)
         self.steps = len(self.forced) - 1
         self.done = 0
-        self.logits = first_logits
-        self.predicted: list[int] = []
-        self.logprob: list[float] = []
-        self.step_s: list[float] = []
+        self.out = DecodeResult(last_logits=first_logits)  # the chunks' steps, joined
         self.per_drive = None
 
     def advance(self, n: int, on_step=None) -> None:
@@ -179,14 +173,11 @@ class ConfigRun:
         if k <= 0:
             return
         meter = DriveMeter(self.store)
-        out = decode(self.lm.model, self.cache, self.logits, k, forced=self.forced[self.done:self.done + k + 1],
-                     on_step=on_step)
+        out = decode(self.lm.model, self.cache, self.out.last_logits, k,
+                     forced=self.forced[self.done:self.done + k + 1], on_step=on_step)
         delta = meter.delta()
         self.per_drive = delta if self.per_drive is None else self.per_drive + delta
-        self.predicted += out.predicted
-        self.logprob += out.logprob_next
-        self.step_s += out.step_s
-        self.logits = out.last_logits
+        self.out.extend(out)
         self.done += k
 
     def result(self, ref_pred: Sequence[int]) -> RunResult:
@@ -194,7 +185,7 @@ class ConfigRun:
 
         t = self.cache.totals()
         n = max(1, self.done)
-        wall = sum(self.step_s) - (self.auditor.seconds if self.auditor else 0.0)
+        wall = sum(self.out.step_s) - (self.auditor.seconds if self.auditor else 0.0)
         per_drive = self.per_drive if self.per_drive is not None else [[0, 0]] * len(self.store.drives)
         read_bytes = int(sum(d[1] for d in per_drive))
         st = self.auditor.stats if self.auditor and self.auditor.stats.recall else None
@@ -208,8 +199,7 @@ class ConfigRun:
             read_gbps=read_bytes / t.io_s / 1e9 if t.io_s else 0.0, decode_tok_s=self.done / wall if wall > 0 else 0.0,
             recall=st.mean("recall") if st else 1.0, recall_offloaded=st.mean("recall_offloaded") if st else 1.0,
             recall_vs_oracle=st.mean("recall_vs_oracle") if st else 1.0,
-            agreement=agreement(self.predicted, ref_pred),
-            ppl=float(np.exp(-np.mean(self.logprob))) if self.logprob else float("nan"), misses=t.misses,
+            agreement=agreement(self.out.predicted, ref_pred), ppl=self.out.perplexity(), misses=t.misses,
             index_mib=(sel.index_bytes() / MiB) if sel else 0.0, build_s=self.build_s,
             per_drive_read_bytes=[int(d[1]) for d in per_drive], per_drive_read_ops=[int(d[0]) for d in per_drive],
             recall_per_layer=(st.per_layer("recall_offloaded", self.seq.layout.num_layers).round(4).tolist()

@@ -63,6 +63,15 @@ class DecodeResult:
     logits: list[torch.Tensor] = field(default_factory=list)  # kept when keep_logits
     last_logits: torch.Tensor | None = None  # to continue decoding with another decode() call
 
+    def extend(self, more: DecodeResult) -> None:
+        """Append a later ``decode`` call's steps (one continued decode in several calls)."""
+        self.fed += more.fed
+        self.predicted += more.predicted
+        self.logprob_next += more.logprob_next
+        self.step_s += more.step_s
+        self.logits += more.logits
+        self.last_logits = more.last_logits
+
     @property
     def tokens_per_s(self) -> float:
         return len(self.step_s) / sum(self.step_s) if self.step_s else 0.0
