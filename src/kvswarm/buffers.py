@@ -88,5 +88,10 @@ class BufferPool:
         return self.base_address
 
     @functools.cached_property
+    def array(self) -> np.ndarray:
+        """The whole region as one uint8 array (batched reads gather their headers from it)."""
+        return np.frombuffer(self._mmap, np.uint8)
+
+    @functools.cached_property
     def base_address(self) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(self._mmap))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import xxhash
 
 ALIGN = 4096
@@ -24,6 +25,11 @@ HEADER_TAIL = struct.Struct("<I4x")
 _HEADER = struct.Struct("<IHH16sIHHQQ8sI4x")
 assert HEADER_BODY.size + HEADER_TAIL.size == _HEADER.size == HEADER_SIZE
 RESERVED = bytes(8)
+# HEADER_BODY as a numpy record: a batched read builds every expected header at once.
+HEADER_BODY_DTYPE = np.dtype([("magic", "<u4"), ("version", "<u2"), ("flags", "<u2"), ("digest", "V16"),
+                              ("payload_len", "<u4"), ("part", "<u2"), ("parts", "<u2"), ("generation", "<u8"),
+                              ("checksum", "<u8"), ("reserved", "V8")])
+assert HEADER_BODY_DTYPE.itemsize == HEADER_BODY.size
 
 
 def align_up(n: int, align: int = ALIGN) -> int:

@@ -9,7 +9,6 @@ is a counted miss, never data.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import json
 import logging
 import os
@@ -23,12 +22,13 @@ import numpy as np
 from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, Lease
-from kvswarm.catalog import Catalog, Entry
+from kvswarm.catalog import Catalog, Entry, ExtentTable
 from kvswarm.drive import Drive, open_drive
 from kvswarm.errors import DriveError, DriveFull, KVSwarmError
 from kvswarm.format import (
     ALIGN,
     HEADER_BODY,
+    HEADER_BODY_DTYPE,
     HEADER_SIZE,
     HEADER_TAIL,
     KEY_DIGEST,
@@ -37,7 +37,6 @@ from kvswarm.format import (
     RESERVED,
     VERSION,
     extent_size,
-    header_bytes,
     key_digest,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
@@ -47,6 +46,7 @@ from kvswarm.placement import DriveView, PlacementStrategy, make_placement
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
+_HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 MANIFEST = "store.json"
 GiB = 1 << 30
 
@@ -125,16 +125,17 @@ class _Handle:
 class GetHandle(_Handle):
     """A batched read in flight; ``wait()`` returns the :class:`GetResult`."""
 
-    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[tuple[int, bytes, Entry]],
-                 reqs: list[IORequest], batch: Batch, lease: Lease | None, nkeys: int) -> None:
-        self._store, self._keys, self._found, self._reqs = store, keys, found, reqs
-        self._batch, self._lease, self._n = batch, lease, nkeys
+    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
+                 starts: np.ndarray, reqs: list[IORequest], batch: Batch, lease: Lease | None) -> None:
+        self._store, self._keys, self._found, self._ext, self._starts = store, keys, found, ext, starts
+        self._reqs, self._batch, self._lease = reqs, batch, lease
         self._result: GetResult | None = None
 
     def wait(self) -> GetResult:
         if self._result is None:
             self._store.engine.wait(self._batch)
-            self._result = self._store._finish_get(self._keys, self._found, self._reqs, self._lease, self._n)
+            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._starts, self._reqs,
+                                                   self._lease)
         return self._result
 
 
@@ -215,25 +216,10 @@ class KVStore:
         """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
         from kvswarm.allocator import ExtentAllocator
 
-        entries = self.catalog.entries
+        digests, owner, drv, off, ln = self.catalog.extent_columns()
         caps = np.array([d.capacity for d in self.drives], np.int64)
-
-        def stale_of(drv: np.ndarray, off: np.ndarray, ln: np.ndarray) -> np.ndarray:
-            return (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
-
-        cols = self.catalog.take_checkpoint_extents()  # a reopen after a clean close: no walk over the entries
-        if cols is not None:
-            drv, off, ln = cols
-            stale = stale_of(drv, off, ln)
-        if cols is None or stale.any():  # dropping stale objects needs each extent's owner: walk the entries
-            counts = np.fromiter((len(e.extents) for e in entries.values()), np.int64, len(entries))
-            ext = np.fromiter(itertools.chain.from_iterable(x[:3] for e in entries.values() for x in e.extents),
-                              np.int64, 3 * int(counts.sum())).reshape(-1, 3)
-            drv, off, ln = ext[:, 0], ext[:, 1], ext[:, 2]
-            stale = stale_of(drv, off, ln)
+        stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
-            owner = np.repeat(np.arange(len(entries)), counts)
-            digests = list(entries)
             bad = np.unique(owner[stale])
             for i in bad.tolist():
                 self.catalog.delete(digests[i])
@@ -387,23 +373,16 @@ class KVStore:
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
-        found: list[tuple[int, bytes, Entry]] = []
-        get = self.catalog.entries.get
-        nbytes = 0
-        for i, digest in enumerate(digests):
-            e = get(digest)
-            if e is not None:
-                found.append((i, digest, e))
-                for x in e.extents:
-                    nbytes += x[2]
-        reqs: list[IORequest] = []  # one per extent, in catalog order: _finish_get walks them in step
-        lease = self.pool.lease(nbytes) if nbytes else None
-        if lease is not None:
-            view, pos, read, req, add = lease.view, 0, Op.READ, IORequest, reqs.append
-            for _, _, e in found:
-                for drv, off, ln, _ in e.extents:
-                    add(req(drv, read, off, view[pos:pos + ln]))
-                    pos += ln
+        found, ext = self.catalog.locate(digests)
+        lens = ext.length.astype(np.int64)
+        starts = np.cumsum(lens) - lens  # extent offsets in the lease, in catalog order
+        reqs: list[IORequest] = []  # one per extent: _finish_get walks them in step with ``ext``
+        lease = None
+        if len(lens):
+            lease = self.pool.lease(int(starts[-1] + lens[-1]))
+            view, read, req = lease.view, Op.READ, IORequest
+            reqs = [req(d, read, o, view[p:p + n]) for d, o, p, n in
+                    zip(ext.drive.tolist(), ext.offset.tolist(), starts.tolist(), lens.tolist())]
         live = reqs
         if not all(d.healthy for d in self.drives):
             live = []
@@ -414,7 +393,7 @@ class KVStore:
                     r.result = -5  # EIO: the drive is out of service; a miss, not an error to count
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
         batch = self.engine.submit(live, checked=True)
-        return GetHandle(self, keys if keys is not None else digests, found, reqs, batch, lease, len(digests))
+        return GetHandle(self, keys if keys is not None else digests, found, ext, starts, reqs, batch, lease)
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
@@ -433,62 +412,54 @@ class KVStore:
             v = r.views[0]
             return bytes(v) if v is not None else None
 
-    def _finish_get(self, keys: Sequence[bytes], found: list[tuple[int, bytes, Entry]], reqs: list[IORequest],
-                    lease: Lease | None, n: int) -> GetResult:
+    def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, starts: np.ndarray,
+                    reqs: list[IORequest], lease: Lease | None) -> GetResult:
+        """Verify a batch in a few array operations: each extent must have read in full, its
+        header must equal the one the catalog predicts (every field, byte for byte) and its
+        payload must match the checksum; only the payload hashes run per extent."""
+        n = len(keys)
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
         if lease is not None:
-            # Headers are compared through the pool's mmap: slicing it yields bytes, which
-            # compare far faster than memoryview slices do.
-            mm, pos = lease.view.obj, lease.offset
-            body, tail, h32, h3 = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM
-            magic, version, reserved, hs = MAGIC, VERSION, RESERVED, HEADER_SIZE
-            k = 0
-            for i, digest, e in found:
-                ext = e.extents
-                if len(ext) == 1:  # the common case, kept lean
-                    r = reqs[k]
-                    k += 1
-                    drv, _, ln, csum = ext[0]
-                    a = pos
-                    pos += ln
-                    if r.result != ln:
-                        self._read_failed(r)
-                        continue
-                    plen = e.payload_len
-                    h = body(magic, version, 0, digest, plen, 0, 1, e.generation, csum, reserved)
-                    payload = r.buf[hs:hs + plen]
-                    if mm[a:a + hs] == h + tail(h32(h)) and h3(payload) == csum:
-                        views[i] = payload
-                        hits += 1
-                    else:
-                        self.drives[drv].stats.misses += 1
-                        corrupt += 1
-                    continue
-                parts = len(ext)
-                plen = e.payload_len
-                spans = []  # (lease offset of the part's payload, its size)
-                a = pos
-                remaining = plen
-                for part, (drv, _, ln, csum) in enumerate(ext):
-                    r = reqs[k + part]
-                    size = min(remaining, ln - hs)
-                    remaining -= size
-                    if r.result != ln:
-                        self._read_failed(r)
-                        break
-                    if mm[a:a + hs] != header_bytes(digest, plen, part, parts, e.generation, csum) \
-                            or h3(r.buf[hs:hs + size]) != csum:
-                        self.drives[drv].stats.misses += 1
-                        corrupt += 1
-                        break
-                    spans.append((a + hs, size))
-                    a += ln
+            k = len(reqs)
+            io_ok = np.fromiter([r.result for r in reqs], np.int64, k) == ext.length
+            want = np.zeros(k, HEADER_BODY_DTYPE)
+            want["magic"], want["version"] = MAGIC, VERSION
+            rows = ext.rows[ext.obj] if len(ext.obj) != len(ext.rows) else ext.rows
+            want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
+                rows["generation"]
+            want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
+            at = lease.offset + starts
+            got = self.pool.array[at[:, None] + _HEADER_COLS]
+            ok = io_ok & (got == want.view(np.uint8).reshape(k, HEADER_BODY.size)).all(1)
+            lv, h3, hs = lease.view, PAYLOAD_CHECKSUM, HEADER_SIZE
+            payloads = [lv[a:a + m] for a, m in zip((starts + hs).tolist(), ext.part_payload.tolist())]
+            ok &= np.fromiter(map(h3, payloads), np.uint64, k) == ext.csum
+            single = len(ext.obj) == len(ext.rows)
+            if single:
+                obj_ok, first = ok, None
+            else:
+                first = np.flatnonzero(ext.part == 0)
+                obj_ok = np.logical_and.reduceat(ok, first)
+            good = np.flatnonzero(obj_ok).tolist()
+            hits = len(good)
+            if single:
+                for i in good:
+                    views[found[i]] = payloads[i]
+            else:
+                for i in good:
+                    j, parts = int(first[i]), int(ext.parts[first[i]])
+                    views[found[i]] = self._join_in_place(lease, [(int(at[x]) + hs, int(ext.part_payload[x]))
+                                                                  for x in range(j, j + parts)])
+            for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
+                j = i if single else int(first[i])
+                while ok[j]:
+                    j += 1
+                if not io_ok[j]:
+                    self._read_failed(reqs[j])
                 else:
-                    views[i] = self._join_in_place(lease, spans)
-                    hits += 1
-                k += parts
-                pos += sum(x[2] for x in ext)
+                    self.drives[int(ext.drive[j])].stats.misses += 1
+                    corrupt += 1
         self.counters["gets"] += n
         self.counters["hits"] += hits
         self.counters["misses"] += n - hits
@@ -529,7 +500,7 @@ class KVStore:
 
     # ---- catalog ---------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
-        return key_digest(key) in self.catalog.entries
+        return key_digest(key) in self.catalog
 
     def __contains__(self, key: bytes) -> bool:
         return self.contains(key)
