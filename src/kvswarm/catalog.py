@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import xxhash
+from numpy.lib.stride_tricks import sliding_window_view
 
 from kvswarm.errors import KVSwarmError
 from kvswarm.format import HEADER_SIZE
@@ -32,6 +33,11 @@ _C_MAGIC = b"KVSWCKP1"
 _CHDR = struct.Struct("<8sQQQQ")  # magic, epoch (of the journal that follows), next generation, rows, xxh64(body)
 _REC = struct.Struct("<IB16sQIH")  # record length, op, digest, generation, payload length, extent count
 _EXT = struct.Struct("<HQIQ")  # drive, offset, length, payload checksum
+# The same two layouts as numpy records (packed), for parsing many journal records at once.
+_REC_NP = np.dtype([("len", "<u4"), ("op", "u1"), ("digest", "V16"), ("generation", "<u8"), ("payload_len", "<u4"),
+                    ("parts", "<u2")])
+_EXT_NP = np.dtype([("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
+assert _REC_NP.itemsize == _REC.size and _EXT_NP.itemsize == _EXT.size
 _CRC = struct.Struct("<I")
 OP_PUT, OP_DEL = 1, 2
 
@@ -159,24 +165,23 @@ class Catalog:
         return out
 
     def _set(self, rows: list[int], digests: list[bytes], entries: list[Entry]) -> None:
-        """Write entries into their rows (vectorised: one assignment per column)."""
-        if not rows:
-            return
-        idx = np.array(rows, np.int64)
-        first = [e.extents[0] for e in entries]
+        """Write entries into their rows."""
+        if rows:
+            cols = {"digest": np.array(digests, "V16"), "generation": [e.generation for e in entries],
+                    "payload_len": [e.payload_len for e in entries], "parts": [len(e.extents) for e in entries]}
+            cols.update(zip(("drive", "offset", "length", "csum"), zip(*[e.extents[0] for e in entries])))
+            self._set_columns(np.array(rows, np.int64), cols,
+                              {r: e.extents for r, e in zip(rows, entries) if len(e.extents) > 1})
+
+    def _set_columns(self, idx: np.ndarray, cols: dict, multi: dict[int, tuple[Extent, ...]]) -> None:
+        """Fill rows ``idx`` column by column; ``multi``: row -> extents of the multi-extent ones."""
         t = self._rows
-        t["digest"][idx] = np.array(digests, "V16")
-        t["generation"][idx] = [e.generation for e in entries]
-        t["payload_len"][idx] = [e.payload_len for e in entries]
-        t["parts"][idx] = [len(e.extents) for e in entries]
-        for name, col in zip(("drive", "offset", "length", "csum"), zip(*first)):
+        for name, col in cols.items():
             t[name][idx] = col
-        multi = self._multi
-        for r, e in zip(rows, entries):
-            if len(e.extents) > 1:
-                multi[r] = e.extents
-            elif multi:
-                multi.pop(r, None)
+        if self._multi:
+            for r in idx[t["parts"][idx] == 1].tolist():
+                self._multi.pop(r, None)
+        self._multi.update(multi)
 
     def _entry(self, row: int) -> Entry:
         _, gen, off, csum, plen, ln, drv, parts = self._rows[row].item()
@@ -232,12 +237,13 @@ class Catalog:
         self._index = dict(zip(t["digest"][:n].tolist(), range(n)))
 
     def _replay(self, data: bytes) -> None:
+        """Apply the journal's records: one Python step per record finds and checks it; the
+        records that survive (the last one per digest) are then parsed as arrays."""
         pos, n = _JHDR.size, len(data)
-        latest: dict[bytes, Entry | None] = {}  # the last record per digest wins; applied in bulk below
+        latest: dict[bytes, int] = {}  # digest -> its last put (index into ``puts``), -1: deleted
+        puts: list[int] = []  # offsets of put records
         view = memoryview(data)
-        h32, rec_at, ext_at, crc_at, len_at = (xxhash.xxh32_intdigest, _REC.unpack_from, _EXT.unpack_from,
-                                               _CRC.unpack_from, struct.Struct("<I").unpack_from)
-        top_gen = self.next_generation - 1
+        h32, crc_at, len_at = xxhash.xxh32_intdigest, _CRC.unpack_from, struct.Struct("<I").unpack_from
         replayed = 0
         while pos + _REC.size + _CRC.size <= n:
             ln = len_at(data, pos)[0]
@@ -245,22 +251,42 @@ class Catalog:
                 break
             if h32(view[pos:pos + ln - 4]) != crc_at(data, pos + ln - 4)[0]:
                 break
-            _, op, digest, gen, plen, nex = rec_at(data, pos)
+            op = data[pos + 4]
             if op == OP_PUT:
-                base = pos + _REC.size
-                exts = (ext_at(data, base),) if nex == 1 else \
-                    tuple(ext_at(data, base + i * _EXT.size) for i in range(nex))
-                latest[digest] = Entry(gen, plen, exts)
-                if gen > top_gen:
-                    top_gen = gen
+                latest[data[pos + 5:pos + 21]] = len(puts)
+                puts.append(pos)
             elif op == OP_DEL:
-                latest[digest] = None
+                latest[data[pos + 5:pos + 21]] = -1
             pos += ln
             replayed += 1
         view.release()
-        self._apply(latest)
+        index = self._index
+        for digest in [d for d, i in latest.items() if i < 0]:
+            row = index.pop(digest, None)
+            if row is not None:
+                self._drop(row)
+        if puts:
+            raw = np.frombuffer(data, np.uint8)
+            at = np.array(puts, np.int64)
+            # Each record's bytes as one row of a sliding window over the journal (a view, no copy).
+            recs = sliding_window_view(raw, _REC.size)[at].view(_REC_NP)[:, 0]
+            self.next_generation = max(self.next_generation, int(recs["generation"].max()) + 1)
+            keep = [(d, i) for d, i in latest.items() if i >= 0]
+            k = np.array([i for _, i in keep], np.int64)
+            recs, at = recs[k], at[k] + _REC.size
+            exts = sliding_window_view(raw, _EXT.size)[at].view(_EXT_NP)[:, 0]  # each object's first extent
+            digests = [d for d, _ in keep]
+            new = [d for d in digests if d not in index]
+            index.update(zip(new, self._new_rows(len(new))))
+            rows = np.array([index[d] for d in digests], np.int64)
+            multi = {int(rows[j]): tuple(_EXT.unpack_from(data, int(at[j]) + p * _EXT.size)
+                                         for p in range(int(recs["parts"][j])))
+                     for j in np.flatnonzero(recs["parts"] > 1).tolist()}
+            self._set_columns(rows, {"digest": recs["digest"], "generation": recs["generation"],
+                                     "payload_len": recs["payload_len"], "parts": recs["parts"],
+                                     "drive": exts["drive"], "offset": exts["offset"], "length": exts["length"],
+                                     "csum": exts["csum"]}, multi)
         self.replayed += replayed
-        self.next_generation = top_gen + 1
         self.torn_tail = pos != n
         if self.torn_tail:
             # Cut the torn record off so that later appends follow a valid one.
@@ -297,18 +323,6 @@ class Catalog:
             g = self.next_generation
             self.next_generation += n
             return g
-
-    def _apply(self, latest: dict[bytes, Entry | None]) -> None:
-        """Make the catalog hold ``latest`` (None: deleted), in bulk."""
-        index = self._index
-        for digest in [d for d, e in latest.items() if e is None]:
-            row = index.pop(digest, None)
-            if row is not None:
-                self._drop(row)
-        puts = [(d, e) for d, e in latest.items() if e is not None]
-        new = [d for d, _ in puts if d not in index]
-        index.update(zip(new, self._new_rows(len(new))))
-        self._set([index[d] for d, _ in puts], [d for d, _ in puts], [e for _, e in puts])
 
     def put_many(self, items: Sequence[tuple[bytes, Entry]]) -> list[Entry | None]:
         """Record each ``(digest, entry)``; returns per item the entry it replaces (whose extents
