@@ -15,7 +15,7 @@ import gc
 import os
 import struct
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -367,6 +367,10 @@ class Catalog:
 
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._index
+
+    def digests(self) -> KeysView[bytes]:
+        """A live view of the digests held (``in`` on it is one C-level dict probe: hot lookups)."""
+        return self._index.keys()
 
     def __len__(self) -> int:
         return len(self._index)

@@ -572,5 +572,5 @@ class KVStore:
         }
 
     def digests(self) -> Iterable[bytes]:
-        return list(self.catalog.entries)
+        return list(self.catalog.digests())
 
