@@ -53,11 +53,24 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
         raw_rounds = size["raw_samples"][raw_m][first:first + rounds]
         per_round = [st["gbps"] / rw["gbps"] for st, rw in zip(size["store_samples"][best], raw_rounds)]
         assert min(per_round) <= s[f"ratio_{name}"] <= max(per_round)
+        # Each backend's read shape is tuned, and never keeps fewer reads outstanding than the raw depth.
+        for b, (batch, inflight) in size["store_shape"].items():
+            assert size["store_samples"][b][0]["method"] == f"submit_get {batch} keys x {inflight} in flight"
+            assert batch * inflight >= min(size["raw_best_depth"], 64 * 1024 * 1024 // size["extent_bytes"])
     for key in ("reopen_s_2k", "replay_s_2k", "reopen_cpu_s_2k"):
         assert s[key] > 0
     assert res["drives"]["emulation"] == "none"
     assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64
     assert (tmp_path / "io.png").stat().st_size > 0
+
+
+def test_store_shape_keeps_raw_depth_in_flight():
+    """Large objects: the store's reads outstanding reach the raw depth (a flat 64 MiB cap stopped 1 MiB at 64)."""
+    for depth in io_bench.RAW_DEPTHS:
+        for size in (4096, 65536, 1 << 20, 4 << 20):
+            batch, inflight = io_bench._store_shape(size, depth)
+            assert batch * inflight >= depth
+            assert batch * inflight * size <= max(64 << 20, depth * size) + batch * size
 
 
 def test_bench_io_on_a_testbed(tmp_path):
