@@ -22,16 +22,28 @@ BENCHES: dict[str, tuple[str, str]] = {
 }
 
 
-def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str) -> None:
+def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str, group: str = "") -> None:
     try:
         mod = importlib.import_module(module)
+        mod.add_arguments(argparse.ArgumentParser())  # some import their options' sources lazily
     except ModuleNotFoundError as e:
-        if not e.name or not module.startswith(e.name):
-            raise
-        return  # subcommand not built in this checkout
+        if not e.name or module.startswith(e.name):
+            return  # subcommand not built in this checkout
+        # An optional dependency is missing in this environment (e.g. scipy in the vLLM venv): the
+        # other subcommands still work, and this one says what to install.
+        missing = e.name
+        p = sub.add_parser(name, help=f"{help_} (unavailable here: needs {missing})")
+        p.set_defaults(_run=lambda _args: _unavailable(f"{group}{name}", missing))
+        return
     p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
     mod.add_arguments(p)
     p.set_defaults(_run=mod.run)
+
+
+def _unavailable(name: str, missing: str) -> int:
+    print(f"kvswarm {name}: this environment lacks the Python package {missing!r} "
+          f"(install kvswarm with its extras, e.g. pip install 'kvswarm[model,sim]')", file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks: baseline and kvswarm side by side, with ratios")
     bsub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (module, help_) in BENCHES.items():
-        _add(bsub, name, module, help_)
+        _add(bsub, name, module, help_, "bench ")
     return parser
 
 
