@@ -40,7 +40,7 @@ from kvswarm.format import (
     key_digest,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
-from kvswarm.io.base import Batch
+from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, PlacementStrategy, make_placement
 
@@ -126,15 +126,21 @@ class GetHandle(_Handle):
     """A batched read in flight; ``wait()`` returns the :class:`GetResult`."""
 
     def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
-                 starts: np.ndarray, reqs: list[IORequest], batch: Batch, lease: Lease | None) -> None:
+                 starts: np.ndarray, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
         self._store, self._keys, self._found, self._ext, self._starts = store, keys, found, ext, starts
-        self._reqs, self._batch, self._lease = reqs, batch, lease
+        self._batch, self._live, self._lease = batch, live, lease
         self._result: GetResult | None = None
 
     def wait(self) -> GetResult:
         if self._result is None:
             self._store.engine.wait(self._batch)
-            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._starts, self._reqs,
+            results = self._batch.results
+            if self._live is not None:  # extents on drives out of service were not read: EIO
+                full: list[int | None] = [-5] * len(self._ext.length)
+                for i, r in zip(self._live, results):
+                    full[i] = r
+                results = full
+            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._starts, results,
                                                    self._lease)
         return self._result
 
@@ -338,7 +344,7 @@ class KVStore:
             ok = True
             for r in reqs[k:k + parts]:
                 if r.result != len(r.buf):
-                    self._io_error(r)
+                    self._io_error(r.drive, r.offset, r.result)
                     ok = False
             k += parts
             if ok:
@@ -376,24 +382,18 @@ class KVStore:
         found, ext = self.catalog.locate(digests)
         lens = ext.length.astype(np.int64)
         starts = np.cumsum(lens) - lens  # extent offsets in the lease, in catalog order
-        reqs: list[IORequest] = []  # one per extent: _finish_get walks them in step with ``ext``
-        lease = None
-        if len(lens):
-            lease = self.pool.lease(int(starts[-1] + lens[-1]))
-            view, read, req = lease.view, Op.READ, IORequest
-            reqs = [req(d, read, o, view[p:p + n]) for d, o, p, n in
-                    zip(ext.drive.tolist(), ext.offset.tolist(), starts.tolist(), lens.tolist())]
-        live = reqs
+        lease = self.pool.lease(int(starts[-1] + lens[-1])) if len(lens) else None
+        drives, offsets = ext.drive.tolist(), ext.offset.tolist()
+        view = lease.view if lease is not None else None
+        bufs = [view[p:p + n] for p, n in zip(starts.tolist(), lens.tolist())]
+        live = None
         if not all(d.healthy for d in self.drives):
-            live = []
-            for r in reqs:
-                if self.drives[r.drive].healthy:
-                    live.append(r)
-                else:
-                    r.result = -5  # EIO: the drive is out of service; a miss, not an error to count
+            healthy = [d.healthy for d in self.drives]
+            live = [i for i, d in enumerate(drives) if healthy[d]]
+            drives, offsets, bufs = [drives[i] for i in live], [offsets[i] for i in live], [bufs[i] for i in live]
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
-        batch = self.engine.submit(live, checked=True)
-        return GetHandle(self, keys if keys is not None else digests, found, ext, starts, reqs, batch, lease)
+        batch = self.engine.submit_reads(drives, offsets, bufs)
+        return GetHandle(self, keys if keys is not None else digests, found, ext, starts, batch, live, lease)
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
@@ -401,7 +401,9 @@ class KVStore:
         order they complete, so one slow read does not hold up the others."""
         if not self.engine.inflight():
             return 0
-        return len(self.engine.poll(timeout))
+        before = self.engine.completions
+        self.engine.poll(timeout)
+        return self.engine.completions - before
 
     def get_many(self, keys: Sequence[bytes]) -> GetResult:
         return self.submit_get(keys).wait()
@@ -413,7 +415,7 @@ class KVStore:
             return bytes(v) if v is not None else None
 
     def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, starts: np.ndarray,
-                    reqs: list[IORequest], lease: Lease | None) -> GetResult:
+                    results: list[int | None], lease: Lease | None) -> GetResult:
         """Verify a batch in a few array operations: each extent must have read in full, its
         header must equal the one the catalog predicts (every field, byte for byte) and its
         payload must match the checksum; only the payload hashes run per extent."""
@@ -421,8 +423,8 @@ class KVStore:
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
         if lease is not None:
-            k = len(reqs)
-            io_ok = np.fromiter([r.result for r in reqs], np.int64, k) == ext.length
+            k = len(results)
+            io_ok = np.array(results, np.int64) == ext.length
             want = np.zeros(k, HEADER_BODY_DTYPE)
             want["magic"], want["version"] = MAGIC, VERSION
             rows = ext.rows[ext.obj] if len(ext.obj) != len(ext.rows) else ext.rows
@@ -456,7 +458,7 @@ class KVStore:
                 while ok[j]:
                     j += 1
                 if not io_ok[j]:
-                    self._read_failed(reqs[j])
+                    self._read_failed(int(ext.drive[j]), int(ext.offset[j]), results[j])
                 else:
                     self.drives[int(ext.drive[j])].stats.misses += 1
                     corrupt += 1
@@ -477,15 +479,15 @@ class KVStore:
         start = spans[0][0] - lease.offset
         return lease.view[start:start + dst - spans[0][0]]
 
-    def _read_failed(self, r: IORequest) -> None:
+    def _read_failed(self, drive: int, offset: int, result: int | None) -> None:
         """A read that did not return its whole extent: an I/O error unless its drive is out of service."""
-        if r.result is not None and r.result >= 0 or self.drives[r.drive].healthy:
-            self._io_error(r)
+        if result is not None and result >= 0 or self.drives[drive].healthy:
+            self._io_error(drive, offset, result)
 
-    def _io_error(self, r: IORequest) -> None:
-        d = self.drives[r.drive]
-        log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, r.offset, r.result)
-        if r.result is not None and r.result >= 0:
+    def _io_error(self, drive: int, offset: int, result: int | None) -> None:
+        d = self.drives[drive]
+        log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, offset, result)
+        if result is not None and result >= 0:
             d.stats.errors += 1  # a short transfer: the engine counted bytes, not an error
         if d.stats.errors >= self.config.error_threshold:
             d.fail(f"{d.stats.errors} I/O errors")

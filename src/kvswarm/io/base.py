@@ -59,6 +59,39 @@ class Batch:
         return self.remaining == 0
 
 
+class ReadBatch:
+    """Reads submitted together through :meth:`IOEngine.submit_reads`: no request object per
+    read (what a batch of small reads spends most of its CPU on), one result slot each."""
+
+    __slots__ = ("remaining", "results", "t_submit")
+
+    def __init__(self, n: int) -> None:
+        self.results: list[int | None] = [None] * n  # bytes read, or -errno
+        self.remaining = n
+        self.t_submit = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.remaining == 0
+
+
+class _RequestReads:
+    """:class:`ReadBatch`'s interface over plain requests, for engines without a leaner path."""
+
+    __slots__ = ("_batch", "_reqs")
+
+    def __init__(self, reqs: list[IORequest], batch: Batch) -> None:
+        self._reqs, self._batch = reqs, batch
+
+    @property
+    def results(self) -> list[int | None]:
+        return [r.result for r in self._reqs]
+
+    @property
+    def done(self) -> bool:
+        return self._batch.done
+
+
 def check_aligned(req: IORequest) -> None:
     if req.offset % ALIGN or len(req.buf) % ALIGN or len(req.buf) == 0:
         raise UnalignedBuffer(f"I/O at offset {req.offset} of {len(req.buf)} B is not 4 KiB-aligned")
@@ -73,6 +106,7 @@ class IOEngine(abc.ABC):
         self.queue_depth = queue_depth
         self.fds: dict[int, int] = {}
         self.stats: dict[int, DriveStats] = {}
+        self.completions = 0  # I/Os finished so far (both submit paths)
 
     def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
         self.fds[drive] = fd
@@ -94,19 +128,28 @@ class IOEngine(abc.ABC):
             self._submit(reqs)
         return batch
 
+    def submit_reads(self, drives: Sequence[int], offsets: Sequence[int],
+                     bufs: Sequence[memoryview]) -> ReadBatch | _RequestReads:
+        """Queue reads of ``bufs[i]`` from ``drives[i]`` at ``offsets[i]``, already checked (offsets from an
+        allocator, buffers from the aligned pool); results land in the returned batch's ``results``."""
+        reqs = [IORequest(d, Op.READ, o, b) for d, o, b in zip(drives, offsets, bufs)]
+        return _RequestReads(reqs, self.submit(reqs, checked=True))
+
     @abc.abstractmethod
     def _submit(self, reqs: Sequence[IORequest]) -> None:
         """Backend-specific queueing of already-checked requests."""
 
     @abc.abstractmethod
     def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
-        """Completed requests (result set); waits up to ``timeout`` s (None: until one completes)."""
+        """Completed requests of :meth:`submit` (result set); waits up to ``timeout`` s (None: until
+        an I/O completes).  Reads of :meth:`submit_reads` finish in their batch, and count in
+        :attr:`completions` like every I/O."""
 
     @abc.abstractmethod
     def inflight(self) -> int:
         """Requests submitted and not yet returned by poll."""
 
-    def wait(self, batch: Batch) -> None:
+    def wait(self, batch: Batch | ReadBatch | _RequestReads) -> None:
         """Drive completions until ``batch`` is done (completions of other batches are accounted too)."""
         while not batch.done:
             self.poll(None)
@@ -120,6 +163,7 @@ class IOEngine(abc.ABC):
     def _complete(self, reqs: Sequence[IORequest], now: float) -> None:
         """Account finished requests (result set): their batches, queue depths, stats."""
         stats = self.stats
+        self.completions += len(reqs)
         for r in reqs:
             b = r.batch
             if b is not None:

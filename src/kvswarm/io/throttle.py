@@ -109,6 +109,7 @@ class ThrottledEngine(IOEngine):
                 time.sleep(timeout)
             out = []
         self._release()
+        self.completions = self.inner.completions
         return out
 
     def inflight(self) -> int:

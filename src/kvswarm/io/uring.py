@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from kvswarm.errors import KVSwarmError
-from kvswarm.io.base import Batch, IOEngine, IORequest, Op, now
+from kvswarm.io.base import Batch, IOEngine, IORequest, Op, ReadBatch, now
 
 
 class UringEngine(IOEngine):
@@ -27,7 +27,7 @@ class UringEngine(IOEngine):
             raise KVSwarmError("io_uring is not available to this process (kernel or seccomp)")
         self._ring = uring_api.Ring(entries=ring_entries, cq_entries=ring_entries * 2)
         self._ring_room = ring_entries
-        self._pending: dict[int, deque[IORequest]] = {}
+        self._pending: dict[int, deque[tuple]] = {}  # per drive: (op, buf, offset, owner, j), see _fill
         self._drive_inflight: dict[int, int] = {}
         self._inflight = 0
         self._lock = threading.RLock()
@@ -42,16 +42,28 @@ class UringEngine(IOEngine):
             pending = self._pending
             for r in reqs:
                 r.result = None
-                pending[r.drive].append(r)
+                pending[r.drive].append((r.op, r.buf, r.offset, r, -1))
             self._inflight += len(reqs)
             self._fill()
             self._ring.submit()
 
+    def submit_reads(self, drives: Sequence[int], offsets: Sequence[int], bufs: Sequence[memoryview]) -> ReadBatch:
+        batch = ReadBatch(len(bufs))
+        with self._lock:
+            pending, read = self._pending, Op.READ
+            for j, (d, off, buf) in enumerate(zip(drives, offsets, bufs)):
+                pending[d].append((read, buf, off, batch, j))
+            self._inflight += len(bufs)
+            self._fill()
+            self._ring.submit()
+        return batch
+
     def _fill(self) -> None:
-        """Move pending requests into the ring, each drive up to its depth cap.
+        """Move pending I/Os into the ring, each drive up to its depth cap.
 
         The ring is sized for several drives at full depth, so one drive's share
-        rarely waits on another's; completions refill in the next poll.
+        rarely waits on another's; completions refill in the next poll.  A pending I/O is
+        ``(op, buf, offset, owner, j)``: owner an IORequest (j = -1) or a ReadBatch (j = slot).
         """
         ring, qd, room, t = self._ring, self.queue_depth, self._ring_room, now()
         prep_read, prep_write, read = ring.prepare_read, ring.prepare_write, Op.READ
@@ -62,9 +74,8 @@ class UringEngine(IOEngine):
                 continue
             fd, pop = self.fds[d], pend.popleft
             for _ in range(k):
-                r = pop()
-                r.t_submit = t
-                (prep_read if r.op == read else prep_write)(fd, r.buf, r.offset, r)
+                op, buf, off, owner, j = pop()
+                (prep_read if op == read else prep_write)(fd, buf, off, (owner, j, d, t))
             depth[d] += k
             self.stats[d].queue_depth += k
             room -= k
@@ -74,9 +85,9 @@ class UringEngine(IOEngine):
 
     def poll(self, timeout: float | None = 0.0) -> list[IORequest]:
         with self._lock:
-            return [c.user_data for c in self._reap(timeout)]
+            return [u[0] for c in self._reap(timeout) if (u := c.user_data)[1] < 0]
 
-    def wait(self, batch: Batch) -> None:
+    def wait(self, batch: Batch | ReadBatch) -> None:
         while not batch.done:
             with self._lock:
                 self._reap(None)
@@ -89,27 +100,34 @@ class UringEngine(IOEngine):
         if not cqes:
             return []
         t = now()
-        depth, stats = self._drive_inflight, self.stats
+        depth, stats, write = self._drive_inflight, self.stats, Op.WRITE
         for c in cqes:  # IOEngine._complete and DriveStats.record, inlined: this loop runs once per I/O
-            r: IORequest = c.user_data
-            res = r.result = c.res
-            d = r.drive
+            owner, j, d, t0 = c.user_data
+            res = c.res
+            if j >= 0:  # a ReadBatch slot
+                owner.results[j] = res
+                owner.remaining -= 1
+                op = 0
+            else:
+                owner.result = res
+                owner.t_submit = t0
+                b = owner.batch
+                if b is not None:
+                    b.remaining -= 1
+                op = 1 if owner.op == write else 0
             depth[d] -= 1
-            b = r.batch
-            if b is not None:
-                b.remaining -= 1
             st = stats[d]
             st.queue_depth -= 1
             if res >= 0:
-                op = r.op
                 st.ops[op] += 1
                 st.bytes[op] += res
-                st._pending_lat[op].append(t - r.t_submit)
+                st._pending_lat[op].append(t - t0)
             else:
                 st.errors += 1
         for st in stats.values():
             st.fold_if_long()
         n = len(cqes)
+        self.completions += n
         self._ring_room += n
         self._inflight -= n
         self._fill()
