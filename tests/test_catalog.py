@@ -85,3 +85,32 @@ def test_corrupt_checkpoint_raises(tmp_path):
     p.write_bytes(bytes(raw))
     with pytest.raises(CatalogCorrupt):
         Catalog(str(tmp_path))
+
+
+def test_same_digest_twice_in_one_batch_keeps_one_row(tmp_path):
+    cat = Catalog(str(tmp_path))
+    d = b"d" * 16
+    g = cat.new_generations(3)
+    e0, e1, e2 = (Entry(g + i, 10, ((0, 4096 * i, 4096, i),)) for i in range(3))
+    assert cat.put_many([(d, e0), (d, e2), (d, e1)]) == [None, e0, e1]  # e1 is older than e2: it loses
+    assert cat.get(d) == e2 and len(cat) == 1
+    cat.checkpoint()
+    cat.close()
+    again = Catalog(str(tmp_path))
+    assert dict(again.entries) == {d: e2}
+
+
+def test_rows_are_reused_after_deletes(tmp_path):
+    cat = Catalog(str(tmp_path))
+    keys = [bytes([i]) * 16 for i in range(50)]
+    for k in keys:
+        cat.put(k, Entry(cat.new_generation(), 1, ((0, 0, 4096, 1),)))
+    used = cat._used
+    for k in keys[:25]:
+        cat.delete(k)
+    for k in keys[:25]:
+        cat.put(k, Entry(cat.new_generation(), 2, ((1, 4096, 4096, 2), (1, 8192, 4096, 3))))
+    assert cat._used == used and len(cat) == 50
+    found, ext = cat.locate([keys[0], b"missing" * 2 + b"xx", keys[30]])
+    assert found == [0, 2] and ext.obj.tolist() == [0, 0, 1] and ext.part.tolist() == [0, 1, 0]
+    assert ext.offset.tolist() == [4096, 8192, 0]

@@ -326,26 +326,40 @@ class Catalog:
 
     def put_many(self, items: Sequence[tuple[bytes, Entry]]) -> list[Entry | None]:
         """Record each ``(digest, entry)``; returns per item the entry it replaces (whose extents
-        the caller frees), or the item's own entry when a newer write won the race."""
+        the caller frees), or the item's own entry when a newer write won the race.
+
+        New digests enter the index only after their rows are written: a reader on another
+        thread never finds a digest whose row is still empty."""
         out: list[Entry | None] = []
         index = self._index
         with self._lock:
-            rows, digests, entries = [], [], []
+            rows: list[int] = []
+            digests: list[bytes] = []
+            entries: list[Entry] = []
+            staged: dict[bytes, int] = {}  # digest -> its place in rows (a digest twice in one batch)
+            new: list[int] = []  # places of digests the index does not hold yet
             for digest, entry in items:
-                row = index.get(digest)
-                if row is None:
-                    row = index[digest] = self._new_rows(1)[0]
-                    out.append(None)
-                elif (old := self._entry(row)).generation > entry.generation:
+                k = staged.get(digest)
+                row = index.get(digest) if k is None else rows[k]
+                old = entries[k] if k is not None else None if row is None else self._entry(row)
+                if old is not None and old.generation > entry.generation:
                     out.append(entry)
                     continue
+                out.append(old)
+                if k is not None:
+                    entries[k] = entry
                 else:
-                    out.append(old)
-                rows.append(row)
-                digests.append(digest)
-                entries.append(entry)
+                    staged[digest] = len(rows)
+                    if row is None:
+                        new.append(len(rows))
+                    rows.append(-1 if row is None else row)
+                    digests.append(digest)
+                    entries.append(entry)
                 self._append(_encode(OP_PUT, digest, entry))
+            for k, r in zip(new, self._new_rows(len(new))):
+                rows[k] = r
             self._set(rows, digests, entries)
+            index.update((digests[k], rows[k]) for k in new)
         return out
 
     def put(self, digest: bytes, entry: Entry) -> Entry | None:
@@ -388,6 +402,11 @@ class Catalog:
         else:
             rows = self._rows[[slots[i] for i in found]]
         parts = rows["parts"]
+        if not parts.all():  # deleted by another thread since the index lookup: a miss
+            keep = np.flatnonzero(parts)
+            found, rows = [found[i] for i in keep.tolist()], rows[keep]
+            slots = [slots[i] for i in found]
+            parts = rows["parts"]
         n = len(rows)
         if n == 0 or (parts == 1).all():  # one extent per object: the row is the extent
             return found, ExtentTable(np.arange(n), np.zeros(n, np.int64), parts, rows["drive"], rows["offset"],
@@ -398,7 +417,9 @@ class Catalog:
         sizes: list[int] = []  # payload bytes per extent: full extents up to the object's length
         for i, (r, k, plen) in enumerate(zip([slots[j] for j in found], parts.tolist(),
                                              rows["payload_len"].tolist())):
-            ext = self._multi[r] if k > 1 else (tuple(rows[["drive", "offset", "length", "csum"]][i].item()),)
+            # (a row another thread just rewrote reads as it is now: verification catches a mismatch)
+            ext = (self._multi.get(r) if k > 1 else None) or \
+                (tuple(rows[["drive", "offset", "length", "csum"]][i].item()),)
             for p, x in enumerate(ext):
                 obj.append(i)
                 part.append(p)
