@@ -21,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -36,8 +37,8 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
+from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
 from kvswarm.tiers.eviction import make_eviction
@@ -119,7 +120,8 @@ class _Job:
     offsets: list[int]
     t0: float = field(default_factory=time.perf_counter)
     pos: int = 0  # next key to submit
-    batches: list[tuple[int, int, GetHandle | PutHandle, list[bytes]]] = field(default_factory=list)  # start, end, handle, keys put
+    # start, end, handle, keys put
+    batches: list[tuple[int, int, GetHandle | PutHandle, list[bytes]]] = field(default_factory=list)
     ok: list[bool] = field(default_factory=list)  # per key, filled as batches complete
     written: set[bytes] = field(default_factory=set)  # puts: keys this job wrote
     t_done: float = 0.0
@@ -159,7 +161,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             # One extent per chunk by default: reads then land in place, with no join of parts.
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
-        self._catalog = self.store.catalog.entries
+        self._catalog = self.store.catalog.digests()  # live view: `in` is one C-level dict probe
         self.durable = durable
         self.flush_interval = flush_interval
         # Small batches: a batch is verified and copied out only once all its reads are back, so
@@ -173,7 +175,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._pending = 0  # jobs queued or in flight, for drain_jobs
         self._idle = threading.Condition()
         self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
-        self._seen: queue.SimpleQueue[bytes] = queue.SimpleQueue()  # lookup hits, for the eviction policy
+        # Lookup hits, for the eviction policy (a deque: append/popleft are atomic, and cheaper than a queue).
+        self._seen: deque[bytes] = deque()
         self._delete_after_write: set[bytes] = set()
         self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
         self._evicted_since_flush = 0
@@ -192,7 +195,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         sk = self._prefix + key
         if KEY_DIGEST(sk) not in self._catalog:
             return LookupResult.MISS
-        self._seen.put(sk)  # recency is the driver's business: the scheduler thread only queues
+        self._seen.append(sk)  # recency is the driver's business: the scheduler thread only queues
         return LookupResult.HIT
 
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -273,9 +276,9 @@ class KVSwarmTierManager(SecondaryTierManager):
                     active.append(item)
             except queue.Empty:
                 pass
-            with contextlib.suppress(queue.Empty):
+            with contextlib.suppress(IndexError):
                 while True:
-                    self._evict(self.residency.seen(self._seen.get_nowait()))
+                    self._evict(self.residency.seen(self._seen.popleft()))
             for j in active:
                 self._submit_batches(j, force=not any(x.batches for x in active))
             progressed = False
