@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from kvswarm.catalog import CHECKPOINT, JOURNAL
+from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog
 from kvswarm.store import KVStore
 
 MiB = 1 << 20
@@ -45,3 +45,21 @@ def test_reopen_from_checkpoint_matches_journal_replay(tmp_path):
     with KVStore.open(drives, **kw) as s:
         assert all(s.get(b"n%d" % i) is not None for i in range(8))
         assert all(s.get(b"k%d" % i) is not None for i in range(24) if i != 5)
+
+
+def test_objects_pointing_past_a_drive_are_dropped_on_reopen(tmp_path):
+    from kvswarm.catalog import Entry
+    from kvswarm.format import key_digest
+
+    d = str(tmp_path / "d")
+    os.makedirs(d)
+    with KVStore.open([d], capacity_per_drive=8 * MiB) as s:
+        s.put_many([(b"keep%d" % i, os.urandom(9000)) for i in range(4)])
+    c = Catalog(d)  # a catalog that outlived its drive's old size, as after the drive shrank
+    c.put(key_digest(b"gone"), Entry(c.new_generation(), 100, ((0, 64 * MiB, 4096, 1),)))
+    c.put(key_digest(b"gone2"), Entry(c.new_generation(), 5000, ((0, 8192, 4096, 1), (0, 32 * MiB, 4096, 2))))
+    c.checkpoint()
+    c.close()
+    with KVStore.open([d], capacity_per_drive=8 * MiB) as s:
+        assert len(s) == 4 and b"gone" not in s and b"gone2" not in s
+        assert all(s.get(b"keep%d" % i) is not None for i in range(4))

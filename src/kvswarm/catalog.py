@@ -432,28 +432,22 @@ class Catalog:
         return found, ExtentTable(obj_a, np.array(part, np.int64), parts[obj_a], drv, off, ln, cs,
                                   np.array(sizes, np.int64), rows)
 
-    def extent_columns(self) -> tuple[list[bytes], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every object's digest, and every extent held as (owner index, drive, offset, length)
-        columns: what rebuilding free space needs, without an Entry per object."""
+    def extent_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every extent held as (owner row, drive, offset, length) columns: what rebuilding free
+        space needs, without an Entry per object (:meth:`digest_at` names an owner)."""
         live = np.flatnonzero(self._rows["parts"][:self._used] > 0)
         t = self._rows[live]
-        digests = t["digest"].tolist()
-        multi = np.flatnonzero(t["parts"] > 1)
-        if not len(multi):
-            return digests, np.arange(len(t)), t["drive"].astype(np.int64), t["offset"].astype(np.int64), \
-                t["length"].astype(np.int64)
-        owner, cols = [], []
         single = t["parts"] == 1
-        sidx = np.flatnonzero(single)
-        for i in multi.tolist():
-            ext = self._multi[int(live[i])]
-            owner.extend([i] * len(ext))
-            cols.extend(x[:3] for x in ext)
-        m = np.array(cols, np.int64).reshape(-1, 3)
-        return (digests, np.concatenate([sidx, np.array(owner, np.int64)]),
-                np.concatenate([t["drive"][sidx].astype(np.int64), m[:, 0]]),
-                np.concatenate([t["offset"][sidx].astype(np.int64), m[:, 1]]),
-                np.concatenate([t["length"][sidx].astype(np.int64), m[:, 2]]))
+        owner, drv, off, ln = live[single], t["drive"][single], t["offset"][single], t["length"][single]
+        if not self._multi:
+            return owner, drv.astype(np.int64), off.astype(np.int64), ln.astype(np.int64)
+        rows = [r for r, ext in self._multi.items() for _ in ext]
+        m = np.array([x[:3] for ext in self._multi.values() for x in ext], np.int64).reshape(-1, 3)
+        return (np.concatenate([owner, np.array(rows, np.int64)]), np.concatenate([drv.astype(np.int64), m[:, 0]]),
+                np.concatenate([off.astype(np.int64), m[:, 1]]), np.concatenate([ln.astype(np.int64), m[:, 2]]))
+
+    def digest_at(self, row: int) -> bytes:
+        return self._rows["digest"][row].tobytes()
 
     def _append(self, rec: bytes) -> None:
         self._pending.append(rec)

@@ -222,13 +222,13 @@ class KVStore:
         """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
         from kvswarm.allocator import ExtentAllocator
 
-        digests, owner, drv, off, ln = self.catalog.extent_columns()
+        owner, drv, off, ln = self.catalog.extent_columns()
         caps = np.array([d.capacity for d in self.drives], np.int64)
         stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
             bad = np.unique(owner[stale])
-            for i in bad.tolist():
-                self.catalog.delete(digests[i])
+            for row in bad.tolist():
+                self.catalog.delete(self.catalog.digest_at(row))
             keep = ~np.isin(owner, bad)
             drv, off, ln = drv[keep], off[keep], ln[keep]
         for d in self.drives:
