@@ -114,3 +114,16 @@ def test_rows_are_reused_after_deletes(tmp_path):
     found, ext = cat.locate([keys[0], b"missing" * 2 + b"xx", keys[30]])
     assert found == [0, 2] and ext.obj.tolist() == [0, 0, 1] and ext.part.tolist() == [0, 1, 0]
     assert ext.offset.tolist() == [4096, 8192, 0]
+
+
+def test_locate_skips_a_row_deleted_under_it(tmp_path):
+    """A lookup that raced a delete (index probed, row freed before the gather) reads it as a miss."""
+    cat = Catalog(str(tmp_path))
+    keys = [bytes([i]) * 16 for i in range(4)]
+    g = cat.new_generations(4)
+    for i, k in enumerate(keys):  # two-extent objects: the lookup takes the multi-extent path
+        cat.put(k, Entry(g + i, 5000, ((0, 8192 * i, 4096, i), (1, 8192 * i, 4096, i))))
+    cat._rows["parts"][cat._index[keys[1]]] = 0  # freed after the probe, as a concurrent delete does
+    found, ext = cat.locate(keys)
+    assert found == [0, 2, 3] and ext.obj.tolist() == [0, 0, 1, 1, 2, 2]
+    assert ext.offset.tolist() == [0, 0, 16384, 16384, 24576, 24576]

@@ -405,7 +405,6 @@ class Catalog:
         if not parts.all():  # deleted by another thread since the index lookup: a miss
             keep = np.flatnonzero(parts)
             found, rows = [found[i] for i in keep.tolist()], rows[keep]
-            slots = [slots[i] for i in found]
             parts = rows["parts"]
         n = len(rows)
         if n == 0 or (parts == 1).all():  # one extent per object: the row is the extent
