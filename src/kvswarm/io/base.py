@@ -150,9 +150,12 @@ class IOEngine(abc.ABC):
         """Requests submitted and not yet returned by poll."""
 
     def wait(self, batch: Batch | ReadBatch | _RequestReads) -> None:
-        """Drive completions until ``batch`` is done (completions of other batches are accounted too)."""
+        """Drive completions until ``batch`` is done (completions of other batches are accounted too).
+
+        Polls in short slices: when several threads share the engine, another one may take this
+        batch's last completions, and a blocking poll would then wait for an I/O that never comes."""
         while not batch.done:
-            self.poll(None)
+            self.poll(0.01)
 
     def run(self, reqs: Sequence[IORequest]) -> None:
         self.wait(self.submit(reqs))

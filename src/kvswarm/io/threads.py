@@ -83,8 +83,18 @@ class ThreadEngine(IOEngine):
         try:
             if timeout == 0:
                 out.extend(self._done.get_nowait())
-            else:
+            elif timeout is not None:
                 out.extend(self._done.get(timeout=timeout))
+            else:
+                # Another thread polling the same engine may take the last completions: wait in
+                # slices and stop once nothing is in flight, rather than block forever.
+                while True:
+                    try:
+                        out.extend(self._done.get(timeout=0.01))
+                        break
+                    except queue.Empty:
+                        if not self._inflight:
+                            raise
             while True:
                 out.extend(self._done.get_nowait())
         except queue.Empty:
