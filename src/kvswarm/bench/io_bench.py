@@ -295,11 +295,12 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
 def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random) -> tuple[int, int]:
     """Pick the store's read shape for this size: one sample per candidate (the raw side gets two).
 
-    Candidates: the shapes for the raw side's tuned depth and for 32-256 reads (the disk's best
-    depth moves between minutes, and one noisy raw pick alone could leave the store short).
+    Candidates: the shapes for the raw side's tuned depth and for 32-256 reads, in batches of at most
+    512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy raw pick
+    alone could leave the store short).
     """
-    shapes = sorted({_store_shape(run.size, d) for d in (run.best_depth, *RAW_DEPTHS[2:])},
-                    key=lambda x: x[0] * x[1])
+    shapes = sorted({_store_shape(run.size, d, b) for d in (run.best_depth, *RAW_DEPTHS[2:])
+                     for b in (512 * KiB, 4 * MiB)}, key=lambda x: x[0] * x[1])
     payload = run.size - HEADER_SIZE
     # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
     # sample (the raw loops fault their buffers in before their timers start).
@@ -320,7 +321,7 @@ def _shuffled(xs: Sequence, rng: random.Random) -> list:
     return out
 
 
-def _store_shape(size: int, depth: int) -> tuple[int, int]:
+def _store_shape(size: int, depth: int, batch_bytes: int = 4 * MiB) -> tuple[int, int]:
     """(keys per submit_get batch, batches in flight): about 4x the raw depth outstanding, at most
     64 MiB or the raw depth's bytes, whichever is more.
 
@@ -331,8 +332,9 @@ def _store_shape(size: int, depth: int) -> tuple[int, int]:
     # At least 4 keys: each batch is one submission (one system call and one device notification),
     # which single-object batches of 1 MiB would pay per object.  Up to 256 small ones: the store
     # verifies a batch with a few array operations, whose fixed cost more keys share (256- vs
-    # 64-key batches, same process: 4 KiB 50k vs 46k reads/s, 16 KiB 43k vs 36k).
-    batch = max(4, min(256, (4 * MiB) // size))
+    # 64-key batches, same process: 4 KiB 50k vs 46k reads/s, 16 KiB 43k vs 36k); the tuner also
+    # tries 512 KiB batches, which keep fewer reads outstanding where the disk prefers that (64 KiB).
+    batch = max(4, min(256, batch_bytes // size))
     inflight = max(4, min(-(-4 * depth // batch), max(64 * MiB, depth * size) // (batch * size)))
     return batch, inflight
 
