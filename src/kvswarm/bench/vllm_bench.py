@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     tb_rounds = args.rounds or (3 if quick else 5)  # throttled drives vary little, and are slow
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
-                     "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None, "eight_drives": None}
+                     "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None,
+                     "eight_drives": None}
     try:
         for size in sizes:
             console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
