@@ -295,11 +295,11 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
 def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random) -> tuple[int, int]:
     """Pick the store's read shape for this size: one sample per candidate (the raw side gets two).
 
-    Candidates: the shapes for the raw side's tuned depth and for 32-256 reads, in batches of at most
-    512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy raw pick
-    alone could leave the store short).
+    Candidates: the shapes for the raw side's tuned depth and for each depth it tries, in batches of
+    at most 512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy
+    raw pick alone could leave the store short).
     """
-    shapes = sorted({_store_shape(run.size, d, b) for d in (run.best_depth, *RAW_DEPTHS[2:])
+    shapes = sorted({_store_shape(run.size, d, b) for d in (run.best_depth, *RAW_DEPTHS)
                      for b in (512 * KiB, 4 * MiB)}, key=lambda x: x[0] * x[1])
     payload = run.size - HEADER_SIZE
     # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
