@@ -427,7 +427,8 @@ class KVStore:
             io_ok = np.array(results, np.int64) == ext.length
             want = np.zeros(k, HEADER_BODY_DTYPE)
             want["magic"], want["version"] = MAGIC, VERSION
-            rows = ext.rows[ext.obj] if len(ext.obj) != len(ext.rows) else ext.rows
+            single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
+            rows = ext.rows if single else ext.rows[ext.obj]
             want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
                 rows["generation"]
             want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
@@ -437,7 +438,6 @@ class KVStore:
             lv, h3, hs = lease.view, PAYLOAD_CHECKSUM, HEADER_SIZE
             payloads = [lv[a:a + m] for a, m in zip((starts + hs).tolist(), ext.part_payload.tolist())]
             ok &= np.fromiter(map(h3, payloads), np.uint64, k) == ext.csum
-            single = len(ext.obj) == len(ext.rows)
             if single:
                 obj_ok, first = ok, None
             else:

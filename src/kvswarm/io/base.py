@@ -63,12 +63,11 @@ class ReadBatch:
     """Reads submitted together through :meth:`IOEngine.submit_reads`: no request object per
     read (what a batch of small reads spends most of its CPU on), one result slot each."""
 
-    __slots__ = ("remaining", "results", "t_submit")
+    __slots__ = ("remaining", "results")
 
     def __init__(self, n: int) -> None:
         self.results: list[int | None] = [None] * n  # bytes read, or -errno
         self.remaining = n
-        self.t_submit = 0.0
 
     @property
     def done(self) -> bool:
