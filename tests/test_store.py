@@ -1,5 +1,6 @@
 """KVStore behaviour on real files with O_DIRECT, for both I/O backends."""
 
+import mmap
 import os
 import stat
 
@@ -8,6 +9,7 @@ import pytest
 
 from kvswarm import DriveError, DriveFull, KVStore, UnalignedBuffer
 from kvswarm.drive import DATA_FILE
+from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
 from kvswarm.io import IORequest, Op, make_engine
 from kvswarm.metrics import FOLD_EVERY, DriveStats
 
@@ -150,6 +152,80 @@ def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path
         with s.get_many([k for k, _ in items]) as r:
             assert r.views[0] is None and r.corrupt == 1
             assert all(bytes(got) == v for (_, v), got in zip(items[1:], r.views[1:]))
+
+
+def test_whole_sector_payloads_start_on_their_own_sector(tmp_path):
+    """A payload of whole 4 KiB sectors starts at 4096 in its extent (flagged in the header, the
+    header's sector zero-padded) in as many bytes as the packed layout; others follow the header."""
+    paths = _dirs(tmp_path, 1)
+    with _open(paths, "threads") as s:
+        s.put_many([(b"sec", _payload(b"sec", 8192)), (b"packed", _payload(b"packed", 4032))])
+        s.flush()
+        with open(os.path.join(paths[0], DATA_FILE), "rb") as f:
+            for key, n, poff, flags in ((b"sec", 8192, 4096, FLAG_SECTOR_PAYLOAD), (b"packed", 4032, 64, 0)):
+                (_, off, ln, _), = s.catalog.get(_digest(key)).extents
+                assert ln == extent_size(n) == -(-(64 + n) // 4096) * 4096 and payload_offset(n) == poff
+                f.seek(off)
+                ext = f.read(ln)
+                assert int.from_bytes(ext[6:8], "little") == flags
+                assert ext[poff:poff + n] == _payload(key, n)
+                assert not any(ext[64:poff]) and not any(ext[poff + n:])
+
+
+def _aligned(n: int) -> memoryview:
+    return memoryview(mmap.mmap(-1, n))  # page-aligned
+
+
+def test_reads_into_caller_buffers(tmp_path, backend):
+    """`into`: with vectored reads, whole-sector single-extent payloads land in aligned buffers
+    straight from the drive (one read: header sector to the lease, payload to the buffer); other
+    objects (packed, multi-extent, unaligned buffers), or all without vectored reads, are copied
+    there after verification."""
+    paths = _dirs(tmp_path, 3)
+    with _open(paths, backend, stripe_unit=64 * 1024) as s:
+        sizes = {b"direct": 16384, b"packed": 6000, b"multi": 150_000, b"unaligned": 8192}
+        s.put_many([(k, _payload(k, n)) for k, n in sizes.items()])
+        bufs = {k: _aligned(n) for k, n in sizes.items()}
+        bufs[b"unaligned"] = memoryview(bytearray(8193))[1:]  # off by one byte: cannot take O_DIRECT
+        reads_before = sum(d["read_ops"] for d in s.stats()["drives"])
+        keys = [*sizes, b"absent"]
+        h = s.submit_get(keys, into=[bufs.get(k) for k in keys])
+        assert h._reads.direct == ([0] if s.engine.vectored_reads else [])
+        with h.wait() as r:
+            assert r.misses == 1 and r.views[-1] is None
+            for k, got in zip(sizes, r.views):
+                assert got.obj is bufs[k].obj and bytes(bufs[k]) == _payload(k, sizes[k]), k
+        # One read per extent either way.
+        multi_parts = len(s.catalog.get(_digest(b"multi")).extents)
+        assert sum(d["read_ops"] for d in s.stats()["drives"]) - reads_before == 3 + multi_parts
+        # A None buffer reads into the lease as usual; a buffer of another length is a miss.
+        with s.submit_get([b"direct", b"packed"], into=[None, _aligned(4096)]).wait() as r:
+            assert bytes(r.views[0]) == _payload(b"direct", 16384) and r.views[1] is None and r.misses == 1
+        with pytest.raises(ValueError):
+            s.submit_get([b"direct"], into=[])
+
+
+def test_reads_into_caller_buffers_are_verified(tmp_path, backend):
+    """A corrupt payload read straight into the caller's buffer, or a header that no longer
+    matches, is a counted miss like any other: never a hit with wrong bytes."""
+    paths = _dirs(tmp_path, 1)
+    with _open(paths, backend) as s:
+        items = [(b"v%d" % i, _payload(b"v%d" % i, 8192)) for i in range(4)]
+        s.put_many(items)
+        s.flush()
+        fd = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDWR)
+        (_, off0, _, _), = s.catalog.get(_digest(b"v0")).extents
+        (_, off1, _, _), = s.catalog.get(_digest(b"v1")).extents
+        os.pwrite(fd, b"\xff\x00", off0 + payload_offset(8192) + 5000)  # payload bit rot
+        os.pwrite(fd, b"\x09", off1 + 30)  # header: another part index
+        os.close(fd)
+        bufs = [_aligned(8192) for _ in items]
+        with s.submit_get([k for k, _ in items], into=bufs).wait() as r:
+            assert r.views[0] is None and r.views[1] is None and r.corrupt == 2
+            assert [bytes(v) for v in r.views[2:]] == [v for _, v in items[2:]]
+        s.fail_drive(0)
+        with s.submit_get([b"v2"], into=[_aligned(8192)]).wait() as r:
+            assert r.views == [None] and r.misses == 1
 
 
 def test_enospc_gives_drivefull_and_store_survives(tmp_path, backend):

@@ -1,14 +1,15 @@
 """On-disk extent format (see docs/format.md).
 
 An extent is one 4 KiB-aligned run on a drive: a 64-byte header, then the payload,
-then zero padding up to the next 4 KiB boundary.  The header is self-describing so
-that a read can be verified without trusting the catalog.
+then zero padding up to the next 4 KiB boundary.  A payload of whole 4 KiB sectors
+starts on the extent's second sector instead (the header sector is zero-padded), at
+no cost in space: it can then be read straight into a caller's aligned buffer.  The
+header is self-describing so that a read can be verified without trusting the catalog.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 import xxhash
@@ -17,13 +18,13 @@ ALIGN = 4096
 HEADER_SIZE = 64
 MAGIC = 0x4B565357  # "KVSW"
 VERSION = 1
+FLAG_SECTOR_PAYLOAD = 1  # header flag: the payload starts at ALIGN, not right after the header
 
 # magic u32, version u16, flags u16, key digest 16s, payload length u32, part u16,
 # parts u16, generation u64, payload xxh3-64 u64, reserved 8s | header xxh32 (of bytes 0-55) u32, pad 4s
 HEADER_BODY = struct.Struct("<IHH16sIHHQQ8s")  # the part the header checksum covers
 HEADER_TAIL = struct.Struct("<I4x")
-_HEADER = struct.Struct("<IHH16sIHHQQ8sI4x")
-assert HEADER_BODY.size + HEADER_TAIL.size == _HEADER.size == HEADER_SIZE
+assert HEADER_BODY.size + HEADER_TAIL.size == HEADER_SIZE
 RESERVED = bytes(8)
 # HEADER_BODY as a numpy record: a batched read builds every expected header at once.
 HEADER_BODY_DTYPE = np.dtype([("magic", "<u4"), ("version", "<u2"), ("flags", "<u2"), ("digest", "V16"),
@@ -41,9 +42,14 @@ def extent_size(payload_len: int) -> int:
     return align_up(HEADER_SIZE + payload_len)
 
 
-def max_payload(extent_bytes: int) -> int:
-    """Largest payload that fits an extent of ``extent_bytes`` (a multiple of 4 KiB)."""
-    return extent_bytes - HEADER_SIZE
+def sector_payload(payload_len: int) -> bool:
+    """Whether a part of ``payload_len`` bytes is laid out with its payload on its own sectors."""
+    return payload_len > 0 and payload_len % ALIGN == 0
+
+
+def payload_offset(payload_len: int) -> int:
+    """Where a part's payload starts in its extent."""
+    return ALIGN if sector_payload(payload_len) else HEADER_SIZE
 
 
 KEY_DIGEST = xxhash.xxh3_128_digest  # key_digest itself, for hot loops that skip the Python call
@@ -59,34 +65,3 @@ PAYLOAD_CHECKSUM = xxhash.xxh3_64_intdigest  # payload_checksum itself, for hot 
 
 def payload_checksum(payload) -> int:
     return PAYLOAD_CHECKSUM(payload)
-
-
-@dataclass(frozen=True, slots=True)
-class ExtentHeader:
-    digest: bytes
-    payload_len: int
-    part: int
-    parts: int
-    generation: int
-    checksum: int
-
-
-def header_bytes(digest: bytes, payload_len: int, part: int, parts: int, generation: int, checksum: int,
-                 _body=HEADER_BODY.pack, _tail=HEADER_TAIL.pack, _h32=xxhash.xxh32_intdigest) -> bytes:
-    """The exact 64 header bytes of an extent (the read path compares them byte for byte)."""
-    body = _body(MAGIC, VERSION, 0, digest, payload_len, part, parts, generation, checksum, RESERVED)
-    return body + _tail(_h32(body))
-
-
-def pack_header(buf, h: ExtentHeader) -> None:
-    """Write ``h`` into the first 64 bytes of ``buf``."""
-    buf[:HEADER_SIZE] = header_bytes(h.digest, h.payload_len, h.part, h.parts, h.generation, h.checksum)
-
-
-def unpack_header(buf) -> ExtentHeader | None:
-    """Parse and self-check a header; ``None`` when it is not a valid kvswarm header."""
-    raw = bytes(buf[:HEADER_SIZE])
-    magic, version, _flags, digest, plen, part, parts, gen, csum, _res, hcrc = _HEADER.unpack(raw)
-    if magic != MAGIC or version != VERSION or xxhash.xxh32_intdigest(raw[:HEADER_BODY.size]) != hcrc:
-        return None
-    return ExtentHeader(digest, plen, part, parts, gen, csum)

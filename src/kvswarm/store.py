@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -27,6 +27,7 @@ from kvswarm.drive import Drive, open_drive
 from kvswarm.errors import DriveError, DriveFull, KVSwarmError
 from kvswarm.format import (
     ALIGN,
+    FLAG_SECTOR_PAYLOAD,
     HEADER_BODY,
     HEADER_BODY_DTYPE,
     HEADER_SIZE,
@@ -38,6 +39,8 @@ from kvswarm.format import (
     VERSION,
     extent_size,
     key_digest,
+    payload_offset,
+    sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch, ReadBatch
@@ -126,8 +129,8 @@ class GetHandle(_Handle):
     """A batched read in flight; ``wait()`` returns the :class:`GetResult`."""
 
     def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
-                 starts: np.ndarray, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
-        self._store, self._keys, self._found, self._ext, self._starts = store, keys, found, ext, starts
+                 reads: _Reads, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
+        self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
         self._batch, self._live, self._lease = batch, live, lease
         self._result: GetResult | None = None
 
@@ -140,9 +143,21 @@ class GetHandle(_Handle):
                 for i, r in zip(self._live, results):
                     full[i] = r
                 results = full
-            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._starts, results,
+            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads, results,
                                                    self._lease)
         return self._result
+
+
+@dataclass(slots=True)
+class _Reads:
+    """How a batch's extents were read: each extent's span in the lease (at ``starts``), and the
+    extents whose payload went straight into a caller's buffer (``direct``: one vectored read,
+    the header's sector into the lease and the payload into the buffer)."""
+
+    starts: np.ndarray
+    span: np.ndarray
+    into: list[memoryview | None] | None = None  # per located object, the caller's buffer
+    direct: list[int] = field(default_factory=list)
 
 
 class PutHandle(_Handle):
@@ -286,11 +301,15 @@ class KVStore:
                     c = len(chunk)
                     ext_len = extent_size(c)
                     a = base + pos
-                    mm[a + HEADER_SIZE:a + HEADER_SIZE + c] = chunk
-                    if pad := ext_len - HEADER_SIZE - c:
+                    p = payload_offset(c)
+                    mm[a + p:a + p + c] = chunk
+                    if p > HEADER_SIZE:  # the header's sector: zeros after the header
+                        mm[a + HEADER_SIZE:a + p] = _ZEROS[:p - HEADER_SIZE]
+                    if pad := ext_len - p - c:
                         mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
                     csum = h3(chunk)
-                    h = body(MAGIC, VERSION, 0, digest, n, part, parts, gen, csum, RESERVED)
+                    h = body(MAGIC, VERSION, FLAG_SECTOR_PAYLOAD if p > HEADER_SIZE else 0, digest, n, part, parts,
+                             gen, csum, RESERVED)
                     mm[a:a + HEADER_SIZE] = h + tail(h32(h))
                     drv = targets[part]
                     off = allocs[drv].alloc(ext_len)
@@ -374,18 +393,42 @@ class KVStore:
             self._deferred.append(e)
 
     # ---- reads -----------------------------------------------------------------------
-    def submit_get(self, keys: Sequence[bytes]) -> GetHandle:
-        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys)
+    def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None) -> GetHandle:
+        """Read ``keys`` in one batch; returns at once (``handle.wait()`` gives the GetResult).
 
-    def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None) -> GetHandle:
+        ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
+        that object's payload; the result's views are then those buffers.  With an engine that
+        reads into several buffers at once (``engine.vectored_reads``), an object stored as one
+        extent whose payload fills whole 4 KiB sectors goes from the drive straight into a
+        4 KiB-aligned buffer; otherwise the payload is copied there once verified.  On a miss the
+        buffer's contents are undefined (a corrupt read may have landed in it); an object whose
+        length differs from its buffer's is a miss.
+        """
+        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into)
+
+    def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
+                           into: Sequence[object | None] | None = None) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         found, ext = self.catalog.locate(digests)
-        lens = ext.length.astype(np.int64)
-        starts = np.cumsum(lens) - lens  # extent offsets in the lease, in catalog order
-        lease = self.pool.lease(int(starts[-1] + lens[-1])) if len(lens) else None
+        span = ext.length.astype(np.int64)  # lease bytes per extent
+        reads = _Reads(span, span)
+        if into is not None:
+            if len(into) != len(digests):
+                raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
+            reads.into = [None if into[i] is None else memoryview(into[i]).cast("B") for i in found]
+            if self.engine.vectored_reads:
+                reads.direct = self._direct_reads(ext, reads.into)
+            if reads.direct:
+                span = span.copy()
+                span[reads.direct] = ALIGN  # the header's sector; the payload goes to the caller
+                reads.span = span
+        starts = reads.starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
+        lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
-        bufs = [view[p:p + n] for p, n in zip(starts.tolist(), lens.tolist())]
+        bufs: list = [view[p:p + n] for p, n in zip(starts.tolist(), span.tolist())]
+        for x in reads.direct:
+            bufs[x] = (bufs[x], reads.into[int(ext.obj[x])])
         live = None
         if not all(d.healthy for d in self.drives):
             healthy = [d.healthy for d in self.drives]
@@ -393,7 +436,20 @@ class KVStore:
             drives, offsets, bufs = [drives[i] for i in live], [offsets[i] for i in live], [bufs[i] for i in live]
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
         batch = self.engine.submit_reads(drives, offsets, bufs)
-        return GetHandle(self, keys if keys is not None else digests, found, ext, starts, batch, live, lease)
+        return GetHandle(self, keys if keys is not None else digests, found, ext, reads, batch, live, lease)
+
+    @staticmethod
+    def _direct_reads(ext: ExtentTable, into: list[memoryview | None]) -> list[int]:
+        """Extents whose payload can be read straight into the caller's buffer: the object's
+        only extent, payload on whole sectors, and a buffer of that length at an aligned address
+        (O_DIRECT's rule for memory)."""
+        out = []
+        for x, (o, parts, n) in enumerate(zip(ext.obj.tolist(), ext.parts.tolist(), ext.part_payload.tolist())):
+            buf = into[o]
+            if parts == 1 and buf is not None and len(buf) == n and sector_payload(n) \
+                    and np.frombuffer(buf, np.uint8).ctypes.data % ALIGN == 0:
+                out.append(x)
+        return out
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
@@ -414,7 +470,7 @@ class KVStore:
             v = r.views[0]
             return bytes(v) if v is not None else None
 
-    def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, starts: np.ndarray,
+    def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
                     results: list[int | None], lease: Lease | None) -> GetResult:
         """Verify a batch in a few array operations: each extent must have read in full, its
         header must equal the one the catalog predicts (every field, byte for byte) and its
@@ -423,10 +479,12 @@ class KVStore:
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
         if lease is not None:
-            k = len(results)
+            k, starts, direct, pp = len(ext.length), reads.starts, reads.direct, ext.part_payload
             io_ok = np.array(results, np.int64) == ext.length
+            sector = (pp % ALIGN == 0) & (pp > 0)  # format.sector_payload, per extent
             want = np.zeros(k, HEADER_BODY_DTYPE)
             want["magic"], want["version"] = MAGIC, VERSION
+            want["flags"] = sector * FLAG_SECTOR_PAYLOAD
             single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
             rows = ext.rows if single else ext.rows[ext.obj]
             want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
@@ -435,8 +493,13 @@ class KVStore:
             at = lease.offset + starts
             got = self.pool.array[at[:, None] + _HEADER_COLS]
             ok = io_ok & (got == want.view(np.uint8).reshape(k, HEADER_BODY.size)).all(1)
-            lv, h3, hs = lease.view, PAYLOAD_CHECKSUM, HEADER_SIZE
-            payloads = [lv[a:a + m] for a, m in zip((starts + hs).tolist(), ext.part_payload.tolist())]
+            lv, h3 = lease.view, PAYLOAD_CHECKSUM
+            poff = np.where(sector, ALIGN, HEADER_SIZE)
+            payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
+            if direct:
+                into, obj = reads.into, ext.obj
+                for x in direct:
+                    payloads[x] = into[obj[x]]
             ok &= np.fromiter(map(h3, payloads), np.uint64, k) == ext.csum
             if single:
                 obj_ok, first = ok, None
@@ -451,8 +514,10 @@ class KVStore:
             else:
                 for i in good:
                     j, parts = int(first[i]), int(ext.parts[first[i]])
-                    views[found[i]] = self._join_in_place(lease, [(int(at[x]) + hs, int(ext.part_payload[x]))
-                                                                  for x in range(j, j + parts)])
+                    views[found[i]] = payloads[j] if parts == 1 else self._join_in_place(
+                        lease, [(int(at[x] + poff[x]), int(pp[x])) for x in range(j, j + parts)])
+            if reads.into is not None:
+                hits -= self._copy_into(views, found, good, reads.into)
             for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
                 j = i if single else int(first[i])
                 while ok[j]:
@@ -467,6 +532,23 @@ class KVStore:
         self.counters["misses"] += n - hits
         self.counters["corrupt"] += corrupt
         return GetResult(keys, views, lease, n - hits, corrupt)
+
+    @staticmethod
+    def _copy_into(views: list, found: list[int], good: list[int], into: list[memoryview | None]) -> int:
+        """Hand verified payloads over in the caller's buffers (copying those not read there
+        directly); returns how many hits become misses because their buffer's length differs."""
+        lost = 0
+        for i in good:
+            buf, v = into[i], views[found[i]]
+            if buf is None or v is buf:
+                continue
+            if len(buf) == len(v):
+                np.copyto(np.frombuffer(buf, np.uint8), np.frombuffer(v, np.uint8))  # releases the GIL
+                views[found[i]] = buf
+            else:
+                views[found[i]] = None
+                lost += 1
+        return lost
 
     def _join_in_place(self, lease: Lease, spans: list[tuple[int, int]]) -> memoryview:
         """One contiguous view of a verified multi-extent object: later parts' payloads slide

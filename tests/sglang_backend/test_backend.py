@@ -20,7 +20,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 
 from kvswarm.drive import DATA_FILE
-from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.format import key_digest, payload_offset
 from kvswarm.integrations.sglang import KVSwarmHiCacheStorage
 
 PAGE, LAYERS, HEADS, DIM = 16, 3, 2, 64
@@ -141,11 +141,12 @@ def test_corrupt_page_is_a_miss_and_dropped(drives):
     b = open_backend(drives, pool)
     keys = ["p0", "p1", "p2", "p3"]
     assert all(b.batch_set_v1(keys, pages(pool, 0, 4)))
-    drv, off, _, _ = b.store.catalog.entries[key_digest(b._key("p2"))].extents[0]
+    entry = b.store.catalog.entries[key_digest(b._key("p2"))]
+    drv, off, _, _ = entry.extents[0]
     b.close()
     path = os.path.join(drives[drv], "rank0of1-pp0of1-cp0of1-dp0", DATA_FILE)
     with open(path, "r+b") as f:
-        f.seek(off + HEADER_SIZE + 33)
+        f.seek(off + payload_offset(entry.payload_len) + 33)
         f.write(b"\xde\xad")
     b = open_backend(drives, pool)
     dst = pages(pool, 8, 4)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from kvswarm.drive import DATA_FILE
-from kvswarm.format import HEADER_SIZE
+from kvswarm.format import payload_offset
 from kvswarm.store import KVStore
 
 HERE = os.path.dirname(__file__)
@@ -72,12 +72,14 @@ def test_fresh_process_reuses_persisted_blocks(written, model_dir, tmp_path):
 def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, tmp_path):
     drives, w = written
     with KVStore.open(drives, create=False) as store:
-        extents = [e.extents[0] for _, e in sorted(store.catalog.entries.items())][:3]
-    for drv, off, _, _ in extents:  # flip one payload byte of three blocks' extents
+        entries = [e for _, e in sorted(store.catalog.entries.items())][:3]
+    for e in entries:  # flip one payload byte of three blocks' extents
+        drv, off, _, _ = e.extents[0]
+        at = off + payload_offset(e.payload_len) + 100
         with open(os.path.join(drives[drv], DATA_FILE), "r+b") as f:
-            f.seek(off + HEADER_SIZE + 100)
+            f.seek(at)
             b = f.read(1)
-            f.seek(off + HEADER_SIZE + 100)
+            f.seek(at)
             f.write(bytes([b[0] ^ 0xFF]))
     r = run_engine(model_dir, drives, "read", str(tmp_path / "corrupt.json"))
     assert r["counters"]["corrupt"] == 3

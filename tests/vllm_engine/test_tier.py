@@ -10,7 +10,7 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvswarm.drive import DATA_FILE
-from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.format import key_digest, payload_offset
 from kvswarm.integrations.vllm.harness import JobRunner, Primary, keys_for, make_tier, offloading_spec
 from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
 from kvswarm.layout import KVLayout
@@ -82,10 +82,11 @@ def test_corrupt_extent_is_a_miss_and_forgotten(drives, primary):
     tier = open_tier(drives, primary)
     run = JobRunner(tier)
     assert run.run(keys, range(6), load=False).success
-    drv, off, _, _ = tier.store.catalog.entries[key_digest(tier.keyspace.key(keys[2]))].extents[0]
+    entry = tier.store.catalog.entries[key_digest(tier.keyspace.key(keys[2]))]
+    drv, off, _, _ = entry.extents[0]
     tier.shutdown()
     with open(os.path.join(drives[drv], DATA_FILE), "r+b") as f:
-        f.seek(off + HEADER_SIZE + 7)
+        f.seek(off + payload_offset(entry.payload_len) + 7)
         f.write(b"\x55\xaa")
 
     primary.mm[:] = bytes(len(primary.mm))
