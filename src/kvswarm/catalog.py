@@ -54,6 +54,9 @@ Extent = tuple[int, int, int, int]  # drive, offset, length on disk, payload che
 # building per-object Python objects.  parts == 0 marks a free row.
 ROW_DTYPE = np.dtype([("digest", "V16"), ("generation", "<u8"), ("offset", "<u8"), ("csum", "<u8"),
                       ("payload_len", "<u4"), ("length", "<u4"), ("drive", "<u2"), ("parts", "<u2")])
+# Rows as opaque 56-byte items: gathering those is a plain copy per row, where gathering
+# records goes field by field (256 rows: 10 vs 50 us).
+_ROW_BYTES = np.dtype(f"V{ROW_DTYPE.itemsize}")
 
 
 @dataclass(slots=True)
@@ -396,11 +399,12 @@ class Catalog:
         """Positions in ``digests`` of the objects held, and the extents of those objects."""
         get = self._index.get
         slots = [get(d, -1) for d in digests]
-        found = [i for i, r in enumerate(slots) if r >= 0]
-        if len(found) == len(slots):
-            rows = self._rows[slots]
+        if -1 in slots:
+            found = [i for i, r in enumerate(slots) if r >= 0]
+            held = [slots[i] for i in found]
         else:
-            rows = self._rows[[slots[i] for i in found]]
+            found, held = list(range(len(slots))), slots
+        rows = self._rows.view(_ROW_BYTES).take(held).view(ROW_DTYPE)
         parts = rows["parts"]
         if not parts.all():  # deleted by another thread since the index lookup: a miss
             keep = np.flatnonzero(parts)

@@ -508,7 +508,9 @@ class KVStore:
                 obj_ok = np.logical_and.reduceat(ok, first)
             good = np.flatnonzero(obj_ok).tolist()
             hits = len(good)
-            if single:
+            if single and hits == n:  # every key found and verified: views are the payloads
+                views = payloads
+            elif single:
                 for i in good:
                     views[found[i]] = payloads[i]
             else:

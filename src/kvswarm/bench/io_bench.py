@@ -265,6 +265,7 @@ def store_read(store: KVStore, keys: Sequence[bytes], payload: int, batch: int, 
                 if res.misses:
                     raise RuntimeError(f"store read: {res.misses} misses ({res.corrupt} corrupt) on stored keys")
                 got += len(res.views)
+            store.progress(0)
     el, cpu = now() - t0, cpu_time() - c0
     nbytes = got * payload
     return Sample(nbytes / el / 1e9, got / el, cpu / (nbytes / 1e9) if nbytes else 0.0)

@@ -105,9 +105,9 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
 def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, depth: int,
               seconds: float, models: Sequence[DriveModel] | None = None) -> RawResult:
     """One io_uring kept ``depth`` I/Os deep over all drives."""
-    import uring_api
+    from kvswarm.io.uring import make_ring
 
-    ring = uring_api.Ring(entries=max(8, depth), cq_entries=max(16, 2 * depth))
+    ring = make_ring(max(8, depth), max(16, 2 * depth))
     view = _buffers(size * depth, os.urandom(size) if op == Op.WRITE else b"").view
     slots = [view[s * size:(s + 1) * size] for s in range(depth)]
     prep = ring.prepare_read if op == Op.READ else ring.prepare_write

@@ -14,6 +14,21 @@ from kvswarm.errors import KVSwarmError
 from kvswarm.io.base import Batch, IOEngine, IORequest, Op, ReadBatch, now
 
 
+def make_ring(entries: int, cq_entries: int):
+    """A ring set up as kvswarm uses them (the engine, and the raw baseline alike).
+
+    COOP_TASKRUN: completions are processed when the thread next enters the kernel instead of
+    by interrupting it (4 KiB store reads: ~11 vs ~13 us of CPU per object); kernels before
+    5.19 refuse the flag.
+    """
+    import uring_api
+
+    try:
+        return uring_api.Ring(entries=entries, cq_entries=cq_entries, flags=uring_api.IORING_SETUP_COOP_TASKRUN)
+    except OSError:
+        return uring_api.Ring(entries=entries, cq_entries=cq_entries)
+
+
 class UringEngine(IOEngine):
     name = "uring"
     # uring-api has no readv: a header sector and a payload read apart are two device requests,
@@ -28,7 +43,7 @@ class UringEngine(IOEngine):
             raise KVSwarmError("io_uring backend needs `pip install --pre uring-api`") from e
         if not uring_api.is_available():
             raise KVSwarmError("io_uring is not available to this process (kernel or seccomp)")
-        self._ring = uring_api.Ring(entries=ring_entries, cq_entries=ring_entries * 2)
+        self._ring = make_ring(ring_entries, ring_entries * 2)
         self._ring_room = ring_entries
         self._pending: dict[int, deque[tuple]] = {}  # per drive: (op, buf, offset, owner, j), see _fill
         self._drive_inflight: dict[int, int] = {}
