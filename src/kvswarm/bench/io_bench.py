@@ -9,7 +9,7 @@ rounds that alternate between the raw baseline and the store:
 * store: ``KVStore.submit_get`` batches kept in flight (the async API, as a caller that
   overlaps I/O with work would use it), every object verified (header + xxh3), for
   each I/O backend; the best backend is "store".  Its shape (keys per batch, batches in
-  flight) is tuned like the raw depth, one sample per candidate, after an untimed pass
+  flight) is tuned like the raw depth, two passes over the candidates, after an untimed pass
   that faults the new store's buffer pool in (the raw loops fault theirs before timing).
 
 store/raw is the median over rounds of the store's sample divided by the raw sample taken
@@ -294,7 +294,8 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
 
 
 def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random) -> tuple[int, int]:
-    """Pick the store's read shape for this size: one sample per candidate (the raw side gets two).
+    """Pick the store's read shape for this size, as the raw side's depth is picked: two passes over
+    the candidates (the second in reverse order), each candidate's better sample counts.
 
     Candidates: the shapes for the raw side's tuned depth and for each depth it tries, in batches of
     at most 512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy
@@ -306,7 +307,11 @@ def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random
     # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
     # sample (the raw loops fault their buffers in before their timers start).
     store_read(store, _shuffled(run.keys, rng), payload, *shapes[-1], seconds)
-    return max(shapes, key=lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
+    got = dict.fromkeys(shapes, 0.0)
+    for order in (shapes, shapes[::-1]):
+        for sh in order:
+            got[sh] = max(got[sh], store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
+    return max(got, key=got.get)
 
 
 def _sync(fds: Sequence[int]) -> float:
