@@ -154,6 +154,18 @@ def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path
             assert all(bytes(got) == v for (_, v), got in zip(items[1:], r.views[1:]))
 
 
+def test_single_thread_io_store_round_trips(tmp_path, backend):
+    """A store driven from one thread may let io_uring defer completions to that thread's next
+    system call (COOP_TASKRUN): reads and writes must still complete while it waits."""
+    with _open(_dirs(tmp_path, 2), backend, single_thread_io=True) as s:
+        items = [(b"s%d" % i, _payload(b"s%d" % i, 5000 + i)) for i in range(64)]
+        assert all(s.submit_put(items).wait())
+        handles = [s.submit_get([k for k, _ in items[i:i + 8]]) for i in range(0, 64, 8)]
+        for i, h in enumerate(handles):
+            with h.wait() as r:
+                assert [bytes(v) for v in r.views] == [v for _, v in items[i * 8:i * 8 + 8]]
+
+
 def test_whole_sector_payloads_start_on_their_own_sector(tmp_path):
     """A payload of whole 4 KiB sectors starts at 4096 in its extent (flagged in the header, the
     header's sector zero-padded) in as many bytes as the packed layout; others follow the header."""

@@ -206,7 +206,7 @@ class Drives:
     def open_store(self, backend: str, queue_depth: int) -> KVStore:
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
                           backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
-                          checkpoint_every=10**9)
+                          checkpoint_every=10**9, single_thread_io=True)
         store = KVStore(cfg)
         return self.testbed.throttle(store) if self.testbed else store
 

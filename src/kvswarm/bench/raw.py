@@ -107,7 +107,7 @@ def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op:
     """One io_uring kept ``depth`` I/Os deep over all drives."""
     from kvswarm.io.uring import make_ring
 
-    ring = make_ring(max(8, depth), max(16, 2 * depth))
+    ring = make_ring(max(8, depth), max(16, 2 * depth), single_thread=True)
     view = _buffers(size * depth, os.urandom(size) if op == Op.WRITE else b"").view
     slots = [view[s * size:(s + 1) * size] for s in range(depth)]
     prep = ring.prepare_read if op == Op.READ else ring.prepare_write

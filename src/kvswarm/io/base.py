@@ -181,8 +181,10 @@ class IOEngine(abc.ABC):
                 st.errors += 1
 
 
-def make_engine(backend: str, queue_depth: int = 32) -> IOEngine:
-    """``threads`` (os.preadv/pwritev workers) or ``uring`` (io_uring via uring-api)."""
+def make_engine(backend: str, queue_depth: int = 32, single_thread: bool = False) -> IOEngine:
+    """``threads`` (os.preadv/pwritev workers) or ``uring`` (io_uring via uring-api).
+
+    ``single_thread``: only one thread ever submits and waits (see ``uring.make_ring``)."""
     if backend == "threads":
         from kvswarm.io.threads import ThreadEngine
 
@@ -190,7 +192,7 @@ def make_engine(backend: str, queue_depth: int = 32) -> IOEngine:
     if backend == "uring":
         from kvswarm.io.uring import UringEngine
 
-        return UringEngine(queue_depth)
+        return UringEngine(queue_depth, single_thread=single_thread)
     raise ValueError(f"unknown I/O backend {backend!r}: use 'threads' or 'uring'")
 
 

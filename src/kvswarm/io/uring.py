@@ -6,6 +6,7 @@ so there are no worker threads and no GIL hand-offs; a lock lets several threads
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -14,19 +15,22 @@ from kvswarm.errors import KVSwarmError
 from kvswarm.io.base import Batch, IOEngine, IORequest, Op, ReadBatch, now
 
 
-def make_ring(entries: int, cq_entries: int):
-    """A ring set up as kvswarm uses them (the engine, and the raw baseline alike).
+def make_ring(entries: int, cq_entries: int, single_thread: bool = False):
+    """A ring as kvswarm sets them up (the engine, and the raw baseline alike).
 
-    COOP_TASKRUN: completions are processed when the thread next enters the kernel instead of
-    by interrupting it (4 KiB store reads: ~11 vs ~13 us of CPU per object); kernels before
-    5.19 refuse the flag.
+    ``single_thread``: one thread submits and reaps, so completions can wait until it next
+    enters the kernel instead of interrupting it (COOP_TASKRUN; 4 KiB store reads: ~11 vs ~13 us
+    of CPU per object).  With several threads that would be unsafe: a completion is run by the
+    thread that submitted the I/O, and one that stays out of the kernel would hold up another's
+    wait indefinitely.  Kernels before 5.19 refuse the flag; the ring is then made without it.
     """
     import uring_api
 
-    try:
-        return uring_api.Ring(entries=entries, cq_entries=cq_entries, flags=uring_api.IORING_SETUP_COOP_TASKRUN)
-    except OSError:
-        return uring_api.Ring(entries=entries, cq_entries=cq_entries)
+    if single_thread:
+        with contextlib.suppress(OSError):
+            return uring_api.Ring(entries=entries, cq_entries=cq_entries,
+                                  flags=uring_api.IORING_SETUP_COOP_TASKRUN)
+    return uring_api.Ring(entries=entries, cq_entries=cq_entries)
 
 
 class UringEngine(IOEngine):
@@ -35,7 +39,7 @@ class UringEngine(IOEngine):
     # slower than one read and a copy (vLLM tier restores, 256 KiB: 1.41 vs 1.64 GB/s).
     vectored_reads = False
 
-    def __init__(self, queue_depth: int = 32, ring_entries: int = 512) -> None:
+    def __init__(self, queue_depth: int = 32, ring_entries: int = 512, single_thread: bool = False) -> None:
         super().__init__(queue_depth)
         try:
             import uring_api
@@ -43,7 +47,7 @@ class UringEngine(IOEngine):
             raise KVSwarmError("io_uring backend needs `pip install --pre uring-api`") from e
         if not uring_api.is_available():
             raise KVSwarmError("io_uring is not available to this process (kernel or seccomp)")
-        self._ring = make_ring(ring_entries, ring_entries * 2)
+        self._ring = make_ring(ring_entries, ring_entries * 2, single_thread)
         self._ring_room = ring_entries
         self._pending: dict[int, deque[tuple]] = {}  # per drive: (op, buf, offset, owner, j), see _fill
         self._drive_inflight: dict[int, int] = {}

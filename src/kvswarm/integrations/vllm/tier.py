@@ -172,6 +172,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.store = KVStore(StoreConfig(
             drives=list(drives), meta_dir=meta_dir, capacity_per_drive=int(capacity_per_drive), backend=backend,
             queue_depth=queue_depth or auto_queue_depth(self.block_size_bytes), placement=placement,
+            single_thread_io=True,  # only the driver thread does I/O
             # One extent per chunk by default: reads then land in place, with no join of parts.
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
