@@ -22,17 +22,20 @@ def _check(a: ExtentAllocator, live: dict[int, int]) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 8), st.integers(0, 10**6)), max_size=120))
-def test_random_ops_keep_space_tiled(ops):
-    a = ExtentAllocator(64 * U, start=U)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 8), st.integers(0, 10**6)), max_size=120), st.booleans())
+def test_random_ops_keep_space_tiled(ops, lowest_first):
+    a = ExtentAllocator(64 * U, start=U, lowest_first=lowest_first)
     live: dict[int, int] = {}
     for do_alloc, units, pick in ops:
         if do_alloc or not live:
+            free_before = a.free_runs()
             off = a.alloc(units * U)
             if off is None:
                 assert max((ln for _, ln in a.free_runs()), default=0) < units * U
                 continue
             assert off % U == 0 and off not in live
+            if lowest_first:  # the lowest run that fits
+                assert off == min(s for s, ln in free_before if ln >= units * U)
             live[off] = units * U
         else:
             off = sorted(live)[pick % len(live)]

@@ -15,9 +15,16 @@ from kvswarm.format import ALIGN
 
 
 class ExtentAllocator:
-    def __init__(self, capacity: int, start: int = 0, unit: int = ALIGN) -> None:
+    """``lowest_first``: always the lowest free run that fits (a scan of the free runs), so a
+    working set that stays small keeps reusing the same addresses.  For the host buffer pool:
+    memory is faulted in on first touch, and leases that wandered through a 512 MiB pool (the
+    default, O(1) policy) cost the 4 KiB read path a fresh huge page every few batches (page
+    zeroing was 17% of its CPU)."""
+
+    def __init__(self, capacity: int, start: int = 0, unit: int = ALIGN, lowest_first: bool = False) -> None:
         if capacity % unit or start % unit:
             raise UnalignedBuffer(f"capacity {capacity} and start {start} must be multiples of {unit}")
+        self.lowest_first = lowest_first
         self.unit = unit
         self.start = start
         self.end = start + capacity
@@ -48,6 +55,8 @@ class ExtentAllocator:
         """Offset of a free run of ``nbytes``, or ``None`` when no run fits."""
         self._check(nbytes)
         with self._lock:
+            if self.lowest_first:
+                return self._alloc_lowest(nbytes)
             bucket = self._by_size.get(nbytes)
             if bucket:
                 off = bucket.pop()
@@ -64,6 +73,20 @@ class ExtentAllocator:
                 self._add_run(off + nbytes, ln - nbytes)
             self._used += nbytes
             return off
+
+    def _alloc_lowest(self, nbytes: int) -> int | None:
+        off = min((s for s, ln in self._free_by_start.items() if ln >= nbytes), default=None)
+        if off is not None:
+            ln = self._free_by_start[off]
+            self._remove_run(off, ln)
+            self._add_run(off + nbytes, ln - nbytes)
+        elif self._bump + nbytes <= self.end:
+            off = self._bump
+            self._bump += nbytes
+        else:
+            return None
+        self._used += nbytes
+        return off
 
     def release(self, offset: int, nbytes: int) -> None:
         self._check(nbytes)

@@ -76,7 +76,7 @@ class BufferPool:
         with contextlib.suppress(AttributeError, OSError):
             self._mmap.madvise(mmap.MADV_HUGEPAGE)
         self.view = memoryview(self._mmap)
-        self._alloc = ExtentAllocator(capacity)
+        self._alloc = ExtentAllocator(capacity, lowest_first=True)
 
     @property
     def capacity(self) -> int:
