@@ -22,7 +22,7 @@ FOLD_EVERY = 1 << 16  # latencies kept unfolded per op
 _OPS = ("read", "write")
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the I/O engines update these per completion
 class DriveStats:
     name: str
     ops: list[int] = field(default_factory=lambda: [0, 0])

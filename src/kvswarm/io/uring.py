@@ -50,14 +50,12 @@ class UringEngine(IOEngine):
         self._ring = make_ring(ring_entries, ring_entries * 2, single_thread)
         self._ring_room = ring_entries
         self._pending: dict[int, deque[tuple]] = {}  # per drive: (op, buf, offset, owner, j), see _fill
-        self._drive_inflight: dict[int, int] = {}
         self._inflight = 0
         self._lock = threading.RLock()
 
     def attach(self, drive, fd, stats) -> None:
         super().attach(drive, fd, stats)
         self._pending[drive] = deque()
-        self._drive_inflight[drive] = 0
 
     def _submit(self, reqs: Sequence[IORequest]) -> None:
         with self._lock:
@@ -86,20 +84,21 @@ class UringEngine(IOEngine):
         The ring is sized for several drives at full depth, so one drive's share
         rarely waits on another's; completions refill in the next poll.  A pending I/O is
         ``(op, buf, offset, owner, j)``: owner an IORequest (j = -1) or a ReadBatch (j = slot).
+        A drive's ``stats.queue_depth`` is its I/Os in the ring; each I/O carries its drive's
+        stats, so a completion updates them without a lookup.
         """
         ring, qd, room, t = self._ring, self.queue_depth, self._ring_room, now()
         prep_read, prep_write, read = ring.prepare_read, ring.prepare_write, Op.READ
-        depth = self._drive_inflight
         for d, pend in self._pending.items():
-            k = min(len(pend), qd - depth[d], room)
+            st = self.stats[d]
+            k = min(len(pend), qd - st.queue_depth, room)
             if k <= 0:
                 continue
             fd, pop = self.fds[d], pend.popleft
             for _ in range(k):
                 op, buf, off, owner, j = pop()
-                (prep_read if op == read else prep_write)(fd, buf, off, (owner, j, d, t))
-            depth[d] += k
-            self.stats[d].queue_depth += k
+                (prep_read if op == read else prep_write)(fd, buf, off, (owner, j, st, t))
+            st.queue_depth += k
             room -= k
             if not room:
                 break
@@ -122,9 +121,9 @@ class UringEngine(IOEngine):
         if not cqes:
             return []
         t = now()
-        depth, stats, write = self._drive_inflight, self.stats, Op.WRITE
+        write = Op.WRITE
         for c in cqes:  # IOEngine._complete and DriveStats.record, inlined: this loop runs once per I/O
-            owner, j, d, t0 = c.user_data
+            owner, j, st, t0 = c.user_data
             res = c.res
             if j >= 0:  # a ReadBatch slot
                 owner.results[j] = res
@@ -137,8 +136,6 @@ class UringEngine(IOEngine):
                 if b is not None:
                     b.remaining -= 1
                 op = 1 if owner.op == write else 0
-            depth[d] -= 1
-            st = stats[d]
             st.queue_depth -= 1
             if res >= 0:
                 st.ops[op] += 1
@@ -146,7 +143,7 @@ class UringEngine(IOEngine):
                 st._pending_lat[op].append(t - t0)
             else:
                 st.errors += 1
-        for st in stats.values():
+        for st in self.stats.values():
             st.fold_if_long()
         n = len(cqes)
         self.completions += n
