@@ -12,7 +12,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest, payload_offset
 from kvswarm.integrations.vllm.harness import JobRunner, Primary, keys_for, make_tier, offloading_spec
-from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
+from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE, auto_queue_depth
 from kvswarm.layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", tokens_per_block=32,
@@ -173,4 +173,16 @@ def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
     assert run.run(keys[14:18], range(14, 18), load=False).success
     assert run.lookup(keys[4:8]) == [LookupResult.MISS] * 4  # the only known victims
     assert run.lookup(keys[14:18]) == [LookupResult.HIT] * 4
+    tier.shutdown()
+
+
+def test_default_depth_is_about_32_mib_of_chunks_per_drive(drives, primary):
+    """Large chunks run shallow (a deep queue of 2 MiB reads came back in bursts), small ones deep."""
+    assert auto_queue_depth(2 << 20) == 15 and auto_queue_depth(256 << 10) == 126
+    assert auto_queue_depth(64 << 20) == 8 and auto_queue_depth(4096) == 128
+    tier = open_tier(drives, primary)
+    assert tier.store.engine.queue_depth == auto_queue_depth(LAYOUT.block_bytes) == 128
+    tier.shutdown()
+    tier = open_tier(drives, primary, queue_depth=7)
+    assert tier.store.engine.queue_depth == 7
     tier.shutdown()
