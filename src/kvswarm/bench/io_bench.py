@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring
+from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_two_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
@@ -284,16 +284,10 @@ def store_read(store: KVStore, keys: Sequence[bytes], payload: int, batch: int, 
 # ---- the run ----------------------------------------------------------------------------------
 def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, use_uring: bool,
               fds: list[int]) -> None:
-    """Pick the raw baseline's best thread count and io_uring depth for this size.
-
-    Two passes (the second in reverse order), each setting's better sample counts: one noisy
-    sample could pick a shallow depth the disk was merely slow for, and understate the ceiling.
-    """
+    """Pick the raw baseline's best thread count and io_uring depth for this size, over two passes
+    (a noisy sample could pick a shallow depth the disk was merely slow for, and understate the ceiling)."""
     def best(settings: Sequence[int], sample) -> int:
-        got = {n: 0.0 for n in settings}
-        for order in (settings, settings[::-1]):
-            for n in order:
-                got[n] = max(got[n], sample(n))
+        got = tune_two_passes(settings, sample)
         return max(got, key=got.get)
 
     run.best_threads = best((4, 8, 16, 32), lambda t: run_threads(
@@ -317,10 +311,7 @@ def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random
     # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
     # sample (the raw loops fault their buffers in before their timers start).
     store_read(store, _shuffled(run.keys, rng), payload, *shapes[-1], seconds)
-    got = dict.fromkeys(shapes, 0.0)
-    for order in (shapes, shapes[::-1]):
-        for sh in order:
-            got[sh] = max(got[sh], store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
+    got = tune_two_passes(shapes, lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
     return max(got, key=got.get)
 
 

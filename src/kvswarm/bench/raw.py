@@ -16,13 +16,16 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvswarm.buffers import BufferPool
 from kvswarm.format import ALIGN
 from kvswarm.io.base import Op
 from kvswarm.io.throttle import DriveModel
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +53,16 @@ def cpu_time() -> float:
     """User + system CPU seconds of this process, all threads (io_uring work included)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def tune_two_passes(settings: Sequence[T], sample: Callable[[T], float]) -> dict[T, float]:
+    """Each setting's better sample of two passes, the second in reverse order: one noisy sample
+    could pick a setting the disk was merely slow for, and drift favours neither end."""
+    got = dict.fromkeys(settings, 0.0)
+    for order in (settings, settings[::-1]):
+        for s in order:
+            got[s] = max(got[s], sample(s))
+    return got
 
 
 def _buffers(nbytes: int, fill: bytes = b"") -> BufferPool:

@@ -277,20 +277,25 @@ class RawCeiling:
         drop_caches()
         return fn(self.fds, self.orders[order], self.size, Op.READ, n, 10.0).gbps
 
+    @staticmethod
+    def _name(method: tuple[str, str, int]) -> str:
+        order, kind, n = method
+        return f"{kind}_{n}_{order}"
+
     def tune(self) -> None:
+        from kvswarm.bench.raw import tune_two_passes
+
         configs = [(order, kind, n) for order in self.orders
                    for kind, ns in (("threads", self.THREADS), ("uring", self.DEPTHS)) for n in ns]
-        for c in configs + configs[::-1]:
-            name = "_".join(map(str, (c[1], c[2], c[0])))
-            self.tuning[name] = max(self.tuning.get(name, 0.0), self._sample(*c))
-        self.method = max(configs, key=lambda c: self.tuning["_".join(map(str, (c[1], c[2], c[0])))])
+        got = tune_two_passes(configs, lambda c: self._sample(*c))
+        self.tuning = {self._name(c): g for c, g in got.items()}
+        self.method = max(got, key=got.get)
 
     def measure(self) -> None:
         self.samples.append(self._sample(*self.method))
 
     def result(self) -> dict:
-        order, kind, n = self.method
-        return {"gbps": float(np.median(self.samples)), "method": f"{kind}_{n}_{order}", "samples": self.samples,
+        return {"gbps": float(np.median(self.samples)), "method": self._name(self.method), "samples": self.samples,
                 "tuning": self.tuning, "extent_bytes": self.size,
                 "note": "method tuned first (best of two passes), then sampled once per round; reads kvswarm's "
                         "own extents"}
