@@ -153,12 +153,11 @@ class GetHandle(_Handle):
 
 @dataclass(slots=True)
 class _Reads:
-    """How a batch's extents were read: each extent's span in the lease (at ``starts``), and the
-    extents whose payload went straight into a caller's buffer (``direct``: one vectored read,
-    the header's sector into the lease and the payload into the buffer)."""
+    """How a batch's extents were read: where each starts in the lease, and the extents whose
+    payload went straight into a caller's buffer (``direct``: one vectored read, the header's
+    sector into the lease and the payload into the buffer)."""
 
     starts: np.ndarray
-    span: np.ndarray
     into: list[memoryview | None] | None = None  # per located object, the caller's buffer
     direct: list[int] = field(default_factory=list)
 
@@ -414,24 +413,23 @@ class KVStore:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
-        reads = _Reads(span, span)
+        bufs_in: list[memoryview | None] | None = None
+        direct: list[int] = []
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            reads.into = [None if into[i] is None else memoryview(into[i]).cast("B") for i in found]
+            bufs_in = [None if into[i] is None else memoryview(into[i]).cast("B") for i in found]
             if self.engine.vectored_reads:
-                reads.direct = self._direct_reads(ext, reads.into)
-            if reads.direct:
-                span = span.copy()
-                span[reads.direct] = ALIGN  # the header's sector; the payload goes to the caller
-                reads.span = span
-        starts = reads.starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
+                direct = self._direct_reads(ext, bufs_in)
+                span[direct] = ALIGN  # the header's sector; the payload goes to the caller
+        starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
+        reads = _Reads(starts, bufs_in, direct)
         lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
         bufs: list = [view[p:p + n] for p, n in zip(starts.tolist(), span.tolist())]
-        for x in reads.direct:
-            bufs[x] = (bufs[x], reads.into[int(ext.obj[x])])
+        for x in direct:
+            bufs[x] = (bufs[x], bufs_in[int(ext.obj[x])])
         live = None
         if not all(d.healthy for d in self.drives):
             healthy = [d.healthy for d in self.drives]
