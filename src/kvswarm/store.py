@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -40,7 +40,6 @@ from kvswarm.format import (
     extent_size,
     key_digest,
     payload_offset,
-    sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch, ReadBatch
@@ -153,13 +152,11 @@ class GetHandle(_Handle):
 
 @dataclass(slots=True)
 class _Reads:
-    """How a batch's extents were read: where each starts in the lease, and the extents whose
-    payload went straight into a caller's buffer (``direct``: one vectored read, the header's
-    sector into the lease and the payload into the buffer)."""
+    """How a batch's extents were read: where each starts in the lease, and the caller's
+    buffers that verified payloads are copied into."""
 
     starts: np.ndarray
     into: list[memoryview | None] | None = None  # per located object, the caller's buffer
-    direct: list[int] = field(default_factory=list)
 
 
 class PutHandle(_Handle):
@@ -399,12 +396,12 @@ class KVStore:
         """Read ``keys`` in one batch; returns at once (``handle.wait()`` gives the GetResult).
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
-        that object's payload; the result's views are then those buffers.  With an engine that
-        reads into several buffers at once (``engine.vectored_reads``), an object stored as one
-        extent whose payload fills whole 4 KiB sectors goes from the drive straight into a
-        4 KiB-aligned buffer; otherwise the payload is copied there once verified.  On a miss the
-        buffer's contents are undefined (a corrupt read may have landed in it); an object whose
-        length differs from its buffer's is a miss.
+        that object's payload, copied there once verified (by a copy that releases the GIL); the
+        result's views are then those buffers.  The extents are read into the buffer pool, not
+        into the caller's memory: on this test machine O_DIRECT reads straight into 4 KiB-page
+        shared memory (vLLM's primary tier) restored 5-10% slower than pool reads plus a copy (see
+        docs/testbed.md).  On a miss the buffer is left as it was; an object whose length differs
+        from its buffer's is a miss.
         """
         return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into)
 
@@ -414,22 +411,16 @@ class KVStore:
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
-        direct: list[int] = []
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
             bufs_in = [None if into[i] is None else memoryview(into[i]).cast("B") for i in found]
-            if self.engine.vectored_reads:
-                direct = self._direct_reads(ext, bufs_in)
-                span[direct] = ALIGN  # the header's sector; the payload goes to the caller
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
-        reads = _Reads(starts, bufs_in, direct)
+        reads = _Reads(starts, bufs_in)
         lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
         bufs: list = [view[p:p + n] for p, n in zip(starts.tolist(), span.tolist())]
-        for x in direct:
-            bufs[x] = (bufs[x], bufs_in[int(ext.obj[x])])
         live = None
         if not all(d.healthy for d in self.drives):
             healthy = [d.healthy for d in self.drives]
@@ -438,19 +429,6 @@ class KVStore:
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
         batch = self.engine.submit_reads(drives, offsets, bufs)
         return GetHandle(self, keys if keys is not None else digests, found, ext, reads, batch, live, lease)
-
-    @staticmethod
-    def _direct_reads(ext: ExtentTable, into: list[memoryview | None]) -> list[int]:
-        """Extents whose payload can be read straight into the caller's buffer: the object's
-        only extent, payload on whole sectors, and a buffer of that length at an aligned address
-        (O_DIRECT's rule for memory)."""
-        out = []
-        for x, (o, parts, n) in enumerate(zip(ext.obj.tolist(), ext.parts.tolist(), ext.part_payload.tolist())):
-            buf = into[o]
-            if parts == 1 and buf is not None and len(buf) == n and sector_payload(n) \
-                    and np.frombuffer(buf, np.uint8).ctypes.data % ALIGN == 0:
-                out.append(x)
-        return out
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
@@ -480,7 +458,7 @@ class KVStore:
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
         if lease is not None:
-            k, starts, direct, pp = len(ext.length), reads.starts, reads.direct, ext.part_payload
+            k, starts, pp = len(ext.length), reads.starts, ext.part_payload
             io_ok = np.array(results, np.int64) == ext.length
             sector = (pp % ALIGN == 0) & (pp > 0)  # format.sector_payload, per extent
             want = np.zeros(k, HEADER_BODY_DTYPE)
@@ -497,10 +475,6 @@ class KVStore:
             lv, h3 = lease.view, PAYLOAD_CHECKSUM
             poff = np.where(sector, ALIGN, HEADER_SIZE)
             payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
-            if direct:
-                into, obj = reads.into, ext.obj
-                for x in direct:
-                    payloads[x] = into[obj[x]]
             ok &= np.fromiter(map(h3, payloads), np.uint64, k) == ext.csum
             if single:
                 obj_ok, first = ok, None
@@ -538,12 +512,12 @@ class KVStore:
 
     @staticmethod
     def _copy_into(views: list, found: list[int], good: list[int], into: list[memoryview | None]) -> int:
-        """Hand verified payloads over in the caller's buffers (copying those not read there
-        directly); returns how many hits become misses because their buffer's length differs."""
+        """Hand verified payloads over in the caller's buffers; returns how many hits become
+        misses because their buffer's length differs."""
         lost = 0
         for i in good:
             buf, v = into[i], views[found[i]]
-            if buf is None or v is buf:
+            if buf is None:
                 continue
             if len(buf) == len(v):
                 np.copyto(np.frombuffer(buf, np.uint8), np.frombuffer(v, np.uint8))  # releases the GIL

@@ -27,7 +27,7 @@ class IORequest:
     drive: int
     op: Op
     offset: int
-    buf: memoryview | tuple[memoryview, ...]  # a tuple: one vectored read (engines with vectored_reads)
+    buf: memoryview
     tag: object = None
     result: int | None = None  # bytes transferred, or -errno; None while in flight
     t_submit: float = 0.0
@@ -100,7 +100,6 @@ class IOEngine(abc.ABC):
     """Per-drive queues over file descriptors registered with :meth:`attach`."""
 
     name: str = "?"
-    vectored_reads: bool = False  # whether submit_reads takes a tuple of buffers as one read
 
     def __init__(self, queue_depth: int = 32) -> None:
         self.queue_depth = queue_depth
@@ -129,10 +128,9 @@ class IOEngine(abc.ABC):
         return batch
 
     def submit_reads(self, drives: Sequence[int], offsets: Sequence[int],
-                     bufs: Sequence[memoryview | tuple[memoryview, ...]]) -> ReadBatch | _RequestReads:
+                     bufs: Sequence[memoryview]) -> ReadBatch | _RequestReads:
         """Queue reads of ``bufs[i]`` from ``drives[i]`` at ``offsets[i]``, already checked (offsets from an
-        allocator, buffers from the aligned pool); results land in the returned batch's ``results``.
-        A tuple of buffers is one vectored read, for engines whose ``vectored_reads`` is true."""
+        allocator, buffers from the aligned pool); results land in the returned batch's ``results``."""
         reqs = [IORequest(d, Op.READ, o, b) for d, o, b in zip(drives, offsets, bufs)]
         return _RequestReads(reqs, self.submit(reqs, checked=True))
 

@@ -19,7 +19,6 @@ from kvswarm.metrics import DriveStats
 
 class ThreadEngine(IOEngine):
     name = "threads"
-    vectored_reads = True  # preadv takes several buffers
 
     def __init__(self, queue_depth: int = 32, workers_per_drive: int | None = None) -> None:
         super().__init__(queue_depth)
@@ -53,7 +52,7 @@ class ThreadEngine(IOEngine):
                 try:
                     fd = self.fds[r.drive]
                     if r.op == Op.READ:
-                        r.result = preadv(fd, r.buf if type(r.buf) is tuple else [r.buf], r.offset)
+                        r.result = preadv(fd, [r.buf], r.offset)
                     else:
                         r.result = pwritev(fd, [r.buf], r.offset)
                 except OSError as e:

@@ -37,7 +37,6 @@ class UringEngine(IOEngine):
     name = "uring"
     # uring-api has no readv: a header sector and a payload read apart are two device requests,
     # slower than one read and a copy (vLLM tier restores, 256 KiB: 1.41 vs 1.64 GB/s).
-    vectored_reads = False
 
     def __init__(self, queue_depth: int = 32, ring_entries: int = 512, single_thread: bool = False) -> None:
         super().__init__(queue_depth)
