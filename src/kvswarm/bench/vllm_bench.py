@@ -7,7 +7,8 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
 1. One drive, same disk: restore throughput (many requests' loads in flight) and one
    request's load, per block size, next to the raw O_DIRECT ceiling over the same data
    (``kvswarm.bench.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
-   file and random order, the best method's median round).
+   file and random order; the method that tuned best, sampled before and after the tiers'
+   restores in every round).
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
    counted from /proc/diskstats.
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookup-blocks", type=int, default=None, help="blocks looked up after a restart")
     p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
     p.add_argument("--rounds", type=int, default=None,
-                   help="measurement rounds, the median kept (default 5; eight drives: 3 with --quick)")
+                   help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
 
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     sizes = [int(s) * KiB for s in (args.block_sizes or "256,2048").split(",")]
     restore = (args.restore_mib or (256 if quick else 1024)) * MiB
     lookups = args.lookup_blocks or 16384
-    rounds = args.rounds or 5  # a noisy shared disk: medians of five
+    rounds = args.rounds or 9  # a noisy shared disk (+-15% from one second to the next): medians of nine
     tb_rounds = args.rounds or (3 if quick else 5)  # throttled drives vary little, and are slow
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
@@ -160,17 +161,18 @@ class Bench:
         assert all(r.success for r in res.values()), "store failed"
         return time.perf_counter() - t0
 
-    def restore(self, run) -> float:
-        """Load every block back (into the same slots), all requests in flight; verify a sample."""
+    def restore(self, run) -> tuple[float, float]:
+        """Load every block back (into the same slots), all requests in flight; verify a sample.
+        Returns seconds and the process's CPU seconds over the same span."""
         self.primary.mm[:] = bytes(len(self.primary.mm))
-        t0 = time.perf_counter()
+        c0, t0 = cpu_time(), time.perf_counter()
         ids = [run.submit([self.keys[i] for i in r], r, load=True) for r in self.requests()]
         res = run.wait(ids)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, cpu_time() - c0
         assert all(r.success for r in res.values()), "restore failed"
         for i in range(0, self.nblocks, max(1, self.nblocks // 16)):
             assert hash(bytes(self.primary.chunk(i)[:4096])) == self.digest[i], f"block {i} differs"
-        return dt
+        return dt, cpu
 
     def single_request(self, run, reps: int = 5) -> float:
         """Median seconds of one request's load with nothing else in flight."""
@@ -212,11 +214,11 @@ class TierCase:
         self.restores: list[tuple[float, float]] = []  # (seconds, cpu seconds)
         self.singles: list[float] = []
 
-    def measure(self) -> None:
+    def measure_restore(self) -> None:
         drop_caches()
-        c0 = cpu_time()
-        dt = self.bench.restore(self.run)
-        self.restores.append((dt, cpu_time() - c0))
+        self.restores.append(self.bench.restore(self.run))
+
+    def measure_single(self) -> None:
         drop_caches()
         self.singles.append(self.bench.single_request(self.run))
 
@@ -233,13 +235,21 @@ class TierCase:
                 "single_request_gbps": REQUEST_BLOCKS * self.bench.bs / single / 1e9}
 
 
-def measure_rounds(cases: dict[str, TierCase], rounds: int, extra=None) -> dict:
-    """Run every case once per round, in turn (reversed every other round), so drift and neighbours'
-    load hit all alike; each case's figure is its median round."""
-    steps = [c.measure for c in cases.values()] + ([extra] if extra is not None else [])
+def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling | None = None) -> dict:
+    """Per round: every case's restore, bracketed by two samples of the raw ceiling (so a restore is
+    compared with the disk as it was just before and after it), then every case's one-request
+    load.  The cases' order is reversed every other round, so drift and neighbours' load hit all
+    alike; each case's figure is its median round."""
     for r in range(rounds):
-        for step in (steps if r % 2 == 0 else steps[::-1]):
-            step()
+        order = list(cases.values()) if r % 2 == 0 else list(cases.values())[::-1]
+        if ceiling is not None:
+            ceiling.measure()
+        for c in order:
+            c.measure_restore()
+        if ceiling is not None:
+            ceiling.measure()
+        for c in order:
+            c.measure_single()
     return {name: c.result() for name, c in cases.items()}
 
 
@@ -249,10 +259,11 @@ class RawCeiling:
     with no store in the way, as ``kvswarm bench io`` does.
 
     Tuned first (threads 8-32, io_uring depth 16-128, in file order and in random order, two
-    passes each, the best sample kept); the best method is then sampled once per round next to
-    the tiers' samples, and each tier's ratio is the median of its per-round ratios.  The method
-    is chosen on the tuning samples, not on the measured ones: the best of several methods'
-    medians would be biased upwards by the noise it picks.
+    passes each, the best sample kept); the best method is then sampled twice per round, before
+    and after the tiers' restores, and a round's ceiling is the mean of the two.  Each tier's ratio
+    is the median of its per-round ratios.  The method is chosen on the tuning samples, not on the
+    measured ones: the best of several methods' medians would be biased upwards by the noise it
+    picks.
     """
 
     THREADS, DEPTHS = (8, 16, 32), (16, 32, 64, 128)
@@ -294,11 +305,15 @@ class RawCeiling:
     def measure(self) -> None:
         self.samples.append(self._sample(*self.method))
 
+    def rounds(self) -> list[float]:
+        """Each round's ceiling: the mean of its two samples."""
+        return [(a + b) / 2 for a, b in zip(self.samples[::2], self.samples[1::2])]
+
     def result(self) -> dict:
-        return {"gbps": float(np.median(self.samples)), "method": self._name(self.method), "samples": self.samples,
-                "tuning": self.tuning, "extent_bytes": self.size,
-                "note": "method tuned first (best of two passes), then sampled once per round; reads kvswarm's "
-                        "own extents"}
+        return {"gbps": float(np.median(self.rounds())), "method": self._name(self.method), "samples": self.samples,
+                "round_gbps": self.rounds(), "tuning": self.tuning, "extent_bytes": self.size,
+                "note": "method tuned first (best of two passes), then sampled before and after the tiers' "
+                        "restores in each round; reads kvswarm's own extents"}
 
 
 def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console) -> dict:
@@ -312,7 +327,7 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
                                                       bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
         raw = RawCeiling(cases["kvswarm"].run.tier.store)
         raw.tune()
-        out.update(measure_rounds(cases, rounds, raw.measure))
+        out.update(measure_rounds(cases, rounds, raw))
         out["raw"] = raw.result()
     finally:
         bench.close()
@@ -320,7 +335,7 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
         shutil.rmtree(kv_dir, ignore_errors=True)
     rawg = out["raw"]["gbps"]
     for t in ("fs", "kvswarm"):
-        per_round = [g / r for g, r in zip(out[t]["restore_gbps_rounds"], out["raw"]["samples"])]
+        per_round = [g / r for g, r in zip(out[t]["restore_gbps_rounds"], out["raw"]["round_gbps"])]
         out[t]["restore_ratio_vs_raw_rounds"] = per_round
         out[t]["restore_ratio_vs_raw"] = float(np.median(per_round))
         out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg

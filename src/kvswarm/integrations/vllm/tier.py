@@ -309,6 +309,9 @@ class KVSwarmTierManager(SecondaryTierManager):
                             left.append(b)
                         elif j.load:
                             self._complete_load(j, *b[:3])
+                            # Refill the drives between verifications (each ~0.3 ms at 2 MiB) rather
+                            # than after all of them: restores of 2 MiB chunks 0.98 vs 0.90 of raw.
+                            self.store.progress(0)
                         else:
                             self._complete_put(j, *b)
                     j.batches = left
