@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -28,3 +30,19 @@ def lm():
 @pytest.fixture(scope="session")
 def tokenizer(lm):
     return lm.tokenizer
+
+
+@pytest.fixture
+def overwrite():
+    """``overwrite(drive_dir, offset, data)``: bytes written into a directory drive's data file
+    behind the store's back, as bit rot or a torn write would leave them (corruption tests)."""
+    from kvswarm.drive import DATA_FILE
+
+    def write(drive_dir: str, offset: int, data: bytes) -> None:
+        fd = os.open(os.path.join(drive_dir, DATA_FILE), os.O_RDWR)
+        try:
+            os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+
+    return write

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from kvswarm import KVStore, LayoutMismatch, StoreConfig
-from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest
 from kvswarm.model import UnsupportedModel
 from kvswarm.offload import (KVMissing, MemorySequence, OffloadedKVCache, StoreSequence, decode, kvswarm_attention,
@@ -105,18 +104,16 @@ def test_memory_sequence_matches_the_store(run):
     assert _same(out, ref)
 
 
-def _corrupt(store, paths, key):
-    drv, off, _, _ = store.catalog.entries[key_digest(key)].extents[0]
-    fd = os.open(os.path.join(paths[drv], DATA_FILE), os.O_RDWR)
-    os.pwrite(fd, b"\xff\x00\xff\x00", off + 64 + 10)
-    os.close(fd)
-
-
-def test_missing_and_corrupt_pages_are_recomputed_never_wrong(run):
+def test_missing_and_corrupt_pages_are_recomputed_never_wrong(run, overwrite):
     lm, doc, pf, store, seq, ref, paths = run
+
+    def corrupt(key):
+        drv, off, _, _ = store.catalog.entries[key_digest(key)].extents[0]
+        overwrite(paths[drv], off + 64 + 10, b"\xff\x00\xff\x00")
+
     store.delete(seq.page_key(3, 0))
-    _corrupt(store, paths, seq.page_key(7, 5))
-    _corrupt(store, paths, seq.page_key(7, 6))
+    corrupt(seq.page_key(7, 5))
+    corrupt(seq.page_key(7, 6))
     with pytest.raises(KVMissing):  # no recompute path: refuse rather than attend over holes
         decode(lm.model, OffloadedKVCache(seq, "dense"), pf.logits, 1)
     cache = OffloadedKVCache(seq, "dense", recompute=make_recompute(lm.model, doc.prompt_ids))
@@ -127,7 +124,7 @@ def test_missing_and_corrupt_pages_are_recomputed_never_wrong(run):
     assert t.misses == len(seq.tables[3].pages[0]) + len(seq.tables[7].pages[5]) + len(seq.tables[7].pages[6])
     assert cache.steps[1].misses == 0  # repaired on the drives: later steps hit
     # sparse decoding through a corrupt page recomputes too
-    _corrupt(store, paths, seq.page_key(0, 2))
+    corrupt(seq.page_key(0, 2))
     cache = OffloadedKVCache(seq, "sparse", "oracle", sparsity=1.0, recompute=make_recompute(lm.model, doc.prompt_ids))
     assert _same(decode(lm.model, cache, pf.logits, STEPS, keep_logits=True), ref)
     assert cache.totals().misses == len(seq.tables[0].pages[2])

@@ -5,10 +5,9 @@ import os
 
 from kvswarm import KVStore
 from kvswarm.cli import main
-from kvswarm.drive import DATA_FILE
 
 
-def test_stats_scrub_reports_corruption(tmp_path, capsys):
+def test_stats_scrub_reports_corruption(tmp_path, capsys, overwrite):
     paths = []
     for i in range(2):
         (tmp_path / f"d{i}").mkdir()
@@ -16,9 +15,7 @@ def test_stats_scrub_reports_corruption(tmp_path, capsys):
     with KVStore.open(paths, capacity_per_drive=8 << 20) as s:
         s.put_many([(b"k%d" % i, os.urandom(6000)) for i in range(40)])
         off = s.catalog.get(next(iter(s.catalog.entries))).extents[0]
-    fd = os.open(os.path.join(paths[off[0]], DATA_FILE), os.O_RDWR)
-    os.pwrite(fd, b"\x00\xff" * 8, off[1] + 200)
-    os.close(fd)
+    overwrite(paths[off[0]], off[1] + 200, b"\x00\xff" * 8)
     assert main(["stats", *paths, "--scrub", "0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["objects"] == 40

@@ -116,18 +116,16 @@ def test_handles_finish_in_completion_order(tmp_path, backend):
         assert seen == 40
 
 
-def test_corrupted_extent_is_a_counted_miss(tmp_path, backend):
+def test_corrupted_extent_is_a_counted_miss(tmp_path, backend, overwrite):
     paths = _dirs(tmp_path, 2)
     with _open(paths, backend) as s:
         items = [(b"c%d" % i, _payload(b"c%d" % i, 6000)) for i in range(20)]
         s.put_many(items)
         s.flush()
         # Flip payload bytes of every object in the middle of drive 0's data file.
-        fd = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDWR)
         for drv, off, ln, _ in [x for k, _ in items for x in s.catalog.get(_digest(k)).extents]:
             if drv == 0:
-                os.pwrite(fd, b"\xff\x00\xff", off + 64 + 100)
-        os.close(fd)
+                overwrite(paths[0], off + 64 + 100, b"\xff\x00\xff")
         with s.get_many([k for k, _ in items]) as r:
             assert r.corrupt > 0 and r.corrupt == r.misses
             for (k, v), got in zip(items, r.views):
@@ -135,7 +133,7 @@ def test_corrupted_extent_is_a_counted_miss(tmp_path, backend):
         assert sum(d.misses for d in s.drive_stats) == r.corrupt
 
 
-def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path, backend):
+def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path, backend, overwrite):
     paths = _dirs(tmp_path, 3)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         items = [(b"m%d" % i, _payload(b"m%d" % i, 200_000 + i)) for i in range(6)]  # 4 extents each
@@ -146,9 +144,7 @@ def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path
                 assert isinstance(got, memoryview) and bytes(got) == v  # a view of the lease, not a copy
         # Corrupt the third extent of object 0: that object is a miss, the others are intact.
         drv, off, _, _ = s.catalog.get(_digest(items[0][0])).extents[2]
-        fd = os.open(os.path.join(paths[drv], DATA_FILE), os.O_RDWR)
-        os.pwrite(fd, b"\x00\xff", off + 64 + 10)
-        os.close(fd)
+        overwrite(paths[drv], off + 64 + 10, b"\x00\xff")
         with s.get_many([k for k, _ in items]) as r:
             assert r.views[0] is None and r.corrupt == 1
             assert all(bytes(got) == v for (_, v), got in zip(items[1:], r.views[1:]))
@@ -213,7 +209,7 @@ def test_reads_into_caller_buffers(tmp_path, backend):
             s.submit_get([b"sectors"], into=[])
 
 
-def test_reads_into_caller_buffers_are_verified(tmp_path, backend):
+def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite):
     """A corrupt payload or a header that no longer matches is a counted miss, and the caller's
     buffer is left as it was: never a hit with wrong bytes."""
     paths = _dirs(tmp_path, 1)
@@ -221,12 +217,10 @@ def test_reads_into_caller_buffers_are_verified(tmp_path, backend):
         items = [(b"v%d" % i, _payload(b"v%d" % i, 8192)) for i in range(4)]
         s.put_many(items)
         s.flush()
-        fd = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDWR)
         (_, off0, _, _), = s.catalog.get(_digest(b"v0")).extents
         (_, off1, _, _), = s.catalog.get(_digest(b"v1")).extents
-        os.pwrite(fd, b"\xff\x00", off0 + payload_offset(8192) + 5000)  # payload bit rot
-        os.pwrite(fd, b"\x09", off1 + 30)  # header: another part index
-        os.close(fd)
+        overwrite(paths[0], off0 + payload_offset(8192) + 5000, b"\xff\x00")  # payload bit rot
+        overwrite(paths[0], off1 + 30, b"\x09")  # header: another part index
         bufs = [_aligned(8192) for _ in items]
         for b in bufs:
             b[:] = b"\x5a" * 8192

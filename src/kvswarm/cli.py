@@ -23,9 +23,10 @@ BENCHES: dict[str, tuple[str, str]] = {
 
 
 def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str, group: str = "") -> None:
+    options = argparse.ArgumentParser(add_help=False)  # the subcommand's, taken in below as a parent
     try:
         mod = importlib.import_module(module)
-        mod.add_arguments(argparse.ArgumentParser())  # some import their options' sources lazily
+        mod.add_arguments(options)  # some import their options' sources lazily
     except ModuleNotFoundError as e:
         if not e.name or module.startswith(e.name):
             return  # subcommand not built in this checkout
@@ -35,8 +36,7 @@ def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str, gr
         p = sub.add_parser(name, help=f"{help_} (unavailable here: needs {missing})")
         p.set_defaults(_run=lambda _args: _unavailable(f"{group}{name}", missing))
         return
-    p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip())
-    mod.add_arguments(p)
+    p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip(), parents=[options])
     p.set_defaults(_run=mod.run)
 
 
