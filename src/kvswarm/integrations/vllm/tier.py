@@ -347,7 +347,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             start, end = j.pos, j.pos + n
             j.pos = end
             try:
-                if j.load:  # into the primary tier's chunks: straight there where the engine can
+                if j.load:  # verified payloads are copied into the primary tier's chunks
                     bs, flat = self.block_size_bytes, self._flat
                     handle = self.store.submit_get([self.keyspace.key(k) for k in j.keys[start:end]],
                                                    into=[flat[o:o + bs] for o in j.offsets[start:end]])
