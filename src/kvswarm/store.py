@@ -399,7 +399,7 @@ class KVStore:
         that object's payload, copied there once verified (by a copy that releases the GIL); the
         result's views are then those buffers.  The extents are read into the buffer pool, not
         into the caller's memory: on this test machine O_DIRECT reads straight into 4 KiB-page
-        shared memory (vLLM's primary tier) restored 5-10% slower than pool reads plus a copy (see
+        shared memory (vLLM's primary tier) restored 5-12% slower than pool reads plus a copy (see
         docs/testbed.md).  On a miss the buffer is left as it was; an object whose length differs
         from its buffer's is a miss.
         """
