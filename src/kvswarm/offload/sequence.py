@@ -22,6 +22,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 from functools import partial
 
 import numpy as np
@@ -34,8 +35,6 @@ from kvswarm.layout import KVLayout
 from kvswarm.offload.grouping import Grouping, PageTable, entries_per_page, make_grouping
 from kvswarm.store import KVStore
 
-PAGE_PREFIX = b"kvsw/sparse/1/"
-MANIFEST_PREFIX = b"kvsw/seqman/1/"
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [1, kv_heads, tokens, head_dim]
 
@@ -124,6 +123,26 @@ def payload_entries(view: memoryview | None, n: int, lay: KVLayout) -> np.ndarra
     if view is None or len(view) != n * lay.entry_bytes:
         return None
     return np.frombuffer(view, lay.numpy_dtype()).reshape(n, 2, lay.num_kv_heads, lay.head_dim)
+
+
+class StoredSequenceKeys:
+    """Store keys of a sequence kept on a KVStore: its entries under ``KEY_PREFIX`` + the
+    model/layout fingerprint + the tenant salt + the sequence id, its manifest under
+    ``MANIFEST_PREFIX`` + salt + id (found again without knowing the layout)."""
+
+    KEY_PREFIX: ClassVar[bytes]
+    MANIFEST_PREFIX: ClassVar[bytes]
+    _prefix: bytes
+
+    def _set_key_prefix(self, layout: KVLayout, salt: bytes, seq_id: bytes) -> None:
+        self._prefix = self.KEY_PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
+
+    def resident_key(self, layer: int) -> bytes:
+        return self._prefix + b"r" + struct.pack("<H", layer)
+
+    @classmethod
+    def manifest_key(cls, salt: bytes, seq_id: bytes) -> bytes:
+        return cls.MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
 
 
 class EntrySource(abc.ABC):
@@ -314,15 +333,17 @@ class _StoreFetch(StoreRead):
         return rows
 
 
-class StoreSequence(EntrySource):
+class StoreSequence(StoredSequenceKeys, EntrySource):
     """A prompt's KV offloaded to a KVStore: pages of entries striped over the drives."""
+
+    KEY_PREFIX, MANIFEST_PREFIX = b"kvsw/sparse/1/", b"kvsw/seqman/1/"
 
     def __init__(self, store: KVStore, layout: KVLayout, geometry: Geometry, token_ids: np.ndarray,
                  tables: list[PageTable], page_bytes: int, grouping: str, salt: bytes, seq_id: bytes) -> None:
         self.store, self.layout, self.geometry = store, layout, geometry
         self.token_ids, self.tables, self.page_bytes, self.grouping = token_ids, tables, page_bytes, grouping
         self.salt, self.seq_id = salt, seq_id
-        self._prefix = PAGE_PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
+        self._set_key_prefix(layout, salt, seq_id)
         self._index_keys: list[torch.Tensor] | None = None
         self._resident: list[LayerKV] | None = None
 
@@ -357,13 +378,6 @@ class StoreSequence(EntrySource):
             if best_drive >= 0:
                 load[best_drive] += nbytes[i]
         return copy
-
-    def resident_key(self, layer: int) -> bytes:
-        return self._prefix + b"r" + struct.pack("<H", layer)
-
-    @staticmethod
-    def manifest_key(salt: bytes, seq_id: bytes) -> bytes:
-        return MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
 
     # ---- create / open ----
     @classmethod

@@ -38,6 +38,7 @@ from kvswarm.offload.sequence import (
     Geometry,
     LayerKV,
     KVMissing,
+    StoredSequenceKeys,
     StoreRead,
     _check_kv,
     entries_array,
@@ -50,8 +51,6 @@ from kvswarm.swarm.cluster import Clusters
 from kvswarm.swarm.layout import STRIPE, LayerLayout, Piece
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
-PREFIX = b"kvsw/swarm/1/"
-MANIFEST_PREFIX = b"kvsw/swarmman/1/"
 _NO_HINT, _STRIPE_HINT = -1, -2  # drive hints that are not drive numbers, in the manifest
 
 
@@ -123,13 +122,15 @@ class _SwarmFetch(StoreRead):
         return Fetched(k, v, np.flatnonzero(~have), len(self.reads), missing_pieces, nbytes, io_s)
 
 
-class SwarmSequence(EntrySource):
+class SwarmSequence(StoredSequenceKeys, EntrySource):
+    KEY_PREFIX, MANIFEST_PREFIX = b"kvsw/swarm/1/", b"kvsw/swarmman/1/"
+
     def __init__(self, store: KVStore, layout: KVLayout, geometry: Geometry, token_ids: np.ndarray,
                  layouts: list[LayerLayout], salt: bytes, seq_id: bytes, *, assign: str = "makespan",
                  dedup: bool = True, cache: UnitCache | None = None, model: DriveModel | None = None) -> None:
         self.store, self.layout, self.geometry, self.token_ids = store, layout, geometry, token_ids
         self.layouts, self.salt, self.seq_id = layouts, salt, seq_id
-        self._prefix = PREFIX + layout.fingerprint() + struct.pack("<H", len(salt)) + salt + seq_id
+        self._set_key_prefix(layout, salt, seq_id)
         self.cache = cache
         self.dram: dict[tuple[int, int], np.ndarray] = {}  # cached and prefetched pieces' rows
         self.prefetched: set[tuple[int, int]] = set()
@@ -142,13 +143,6 @@ class SwarmSequence(EntrySource):
 
     def key(self, layer: int, piece: int, copy: int) -> bytes:
         return self._prefix + struct.pack("<HIB", layer, piece, copy)
-
-    def resident_key(self, layer: int) -> bytes:
-        return self._prefix + b"r" + struct.pack("<H", layer)
-
-    @staticmethod
-    def manifest_key(salt: bytes, seq_id: bytes) -> bytes:
-        return MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
 
     @classmethod
     def create(cls, store: KVStore, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout,
