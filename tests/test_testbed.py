@@ -131,6 +131,28 @@ def test_store_runs_on_loop_devices_and_the_kernel_caps_bind_it(backend):
             assert all(d["read_ops"] == 200 for d in s.stats()["drives"])
 
 
+@needs_kernel
+def test_settle_keeps_every_drive_reading_for_its_time():
+    """`bench vllm`'s Settle: every throttled drive reads for the whole span, so a timed restore
+    that follows starts without the credit the throttle gives a drive that sat idle."""
+    from kvswarm.bench.vllm_bench import Settle
+
+    def reads(dev: str) -> int:
+        with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
+            return int(f.read().split()[0])
+
+    with Testbed(drives=2, drive_bytes=64 * MiB, caps=DriveCaps(read_mbps=50), mode=KERNEL) as tb:
+        settle = Settle(list(tb.paths), seconds=0.2)
+        try:
+            before = [reads(p) for p in tb.paths]
+            t0 = time.perf_counter()
+            settle()
+            assert time.perf_counter() - t0 >= 0.2
+            assert all(reads(p) - b >= 5 for p, b in zip(tb.paths, before))  # 1 MiB reads at 50 MB/s
+        finally:
+            settle.close()
+
+
 def test_cleanup_on_exception_and_of_dead_processes(tmp_path):
     mode = KERNEL if NO_KERNEL is None else USERSPACE
     with pytest.raises(RuntimeError, match="boom"):
