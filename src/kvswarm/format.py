@@ -3,8 +3,9 @@
 An extent is one 4 KiB-aligned run on a drive: a 64-byte header, then the payload,
 then zero padding up to the next 4 KiB boundary.  A payload of whole 4 KiB sectors
 starts on the extent's second sector instead (the header sector is zero-padded), at
-no cost in space: it can then be read straight into a caller's aligned buffer.  The
-header is self-describing so that a read can be verified without trusting the catalog.
+no cost in space, so that the payload alone is a valid O_DIRECT target (the store itself
+reads extents whole, see ``KVStore.submit_get``).  The header is self-describing so that
+a read can be verified without trusting the catalog.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def extent_size(payload_len: int) -> int:
     return align_up(HEADER_SIZE + payload_len)
 
 
-def sector_payload(payload_len: int) -> bool:
-    """Whether a part of ``payload_len`` bytes is laid out with its payload on its own sectors."""
-    return payload_len > 0 and payload_len % ALIGN == 0
+def sector_payload(payload_len):
+    """Whether a part of ``payload_len`` bytes is laid out with its payload on its own sectors
+    (an int, or a numpy array of lengths for a batch's extents)."""
+    return (payload_len > 0) & (payload_len % ALIGN == 0)
 
 
 def payload_offset(payload_len: int) -> int:

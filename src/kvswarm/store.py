@@ -40,6 +40,7 @@ from kvswarm.format import (
     extent_size,
     key_digest,
     payload_offset,
+    sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch, ReadBatch
@@ -460,7 +461,7 @@ class KVStore:
         if lease is not None:
             k, starts, pp = len(ext.length), reads.starts, ext.part_payload
             io_ok = np.array(results, np.int64) == ext.length
-            sector = (pp % ALIGN == 0) & (pp > 0)  # format.sector_payload, per extent
+            sector = sector_payload(pp)
             want = np.zeros(k, HEADER_BODY_DTYPE)
             want["magic"], want["version"] = MAGIC, VERSION
             want["flags"] = sector * FLAG_SECTOR_PAYLOAD
