@@ -15,7 +15,29 @@ def test_bench_vllm_runs_and_reports(tmp_path):
     r = json.loads(out.read_text())
     s = r["summary"]
     for key in ("restore_ratio_vs_raw_64k", "raw_gbps_64k", "fs_restore_gbps_64k", "kvswarm_restore_gbps_64k",
-                "restart_lookup_speedup_vs_fs"):
+                "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs"):
         assert s[key] > 0, key
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128
     assert (tmp_path / "vllm.png").stat().st_size > 0
+
+
+def test_raw_delivery_reference_lands_every_block_in_its_chunk(tmp_path):
+    """The raw + delivery reference does a load's work: after one sample the primary region holds
+    every block again, read from kvswarm's extents (so the reference cannot be cheaper than a load)."""
+    from kvswarm.bench.vllm_bench import Bench, RawCeiling, TierCase, kv_config, layout_for
+
+    bench = Bench(layout_for(64 << 10), 48)
+    try:
+        (tmp_path / "kv").mkdir()
+        case = TierCase(bench, kv_config([str(tmp_path / "kv")], "uring", 64 << 20))
+        raw = RawCeiling(case.run.tier.store, bench.deliverer(case.run.tier))
+        raw.method = ("random", "threads", 4)
+        bench.primary.mm[:] = bytes(len(bench.primary.mm))
+        raw.measure_delivered()
+        assert len(raw.delivered) == 1 and raw.delivered[0] > 0
+        for i in range(bench.nblocks):
+            assert hash(bytes(bench.primary.chunk(i)[:4096])) == bench.digest[i], i
+        assert raw.result()["delivered"]["method"] == "threads_4_random"
+        case.run.tier.shutdown()
+    finally:
+        bench.close()

@@ -81,8 +81,13 @@ def _buffers(nbytes: int, fill: bytes = b"") -> BufferPool:
 
 
 def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, threads: int,
-                seconds: float, models: Sequence[DriveModel] | None = None) -> RawResult:
-    """``threads`` workers share ``ios`` (drive, offset) and issue one blocking preadv/pwritev each."""
+                seconds: float, models: Sequence[DriveModel] | None = None,
+                deliver: Callable[[int, memoryview], None] | None = None) -> RawResult:
+    """``threads`` workers share ``ios`` (drive, offset) and issue one blocking preadv/pwritev each.
+
+    ``deliver(i, buf)``, if given, runs in the worker after I/O ``i`` with its buffer, before the
+    buffer is reused: the least a consumer of the data must do with it (a copy to where it is used).
+    """
     nxt = itertools.count()  # next() on a count is atomic under the GIL
     done = [0] * threads
     stop = time.perf_counter() + seconds
@@ -101,6 +106,8 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
                     time.sleep(dt)
             if io(fds[d], [buf], off) != size:
                 raise OSError(f"short {op.name.lower()} at drive {d} offset {off}")
+            if deliver is not None:
+                deliver(i, buf)
             count += 1
         done[w] = count
 

@@ -8,7 +8,9 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
    request's load, per block size, next to the raw O_DIRECT ceiling over the same data
    (``kvswarm.bench.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
    file and random order; the method that tuned best, sampled before and after the tiers'
-   restores in every round).
+   restores in every round).  Next to it, the same reads each followed by a copy of the block
+   into its primary-tier chunk ("raw + delivery"): the least any tier must do, since loads land
+   in vLLM's primary region.
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
    counted from /proc/diskstats.
@@ -178,6 +180,23 @@ class Bench:
             assert hash(bytes(self.primary.chunk(i)[:4096])) == self.digest[i], f"block {i} differs"
         return dt, cpu
 
+    def deliverer(self, tier) -> Callable[[tuple[int, int], memoryview], None]:
+        """For the raw + delivery reference: copies the block in a buffer read from kvswarm's extent
+        (drive, offset) into that block's chunk of the primary region, as a load must."""
+        from kvswarm.format import key_digest, payload_offset
+
+        entries, poff = tier.store.catalog.entries, payload_offset(self.bs)
+        chunk = {}
+        for i, k in enumerate(self.keys):
+            (drive, offset, _, _), = entries[key_digest(tier.keyspace.key(k))].extents
+            chunk[drive, offset] = i
+
+        def deliver(io: tuple[int, int], buf: memoryview) -> None:
+            # A view per call: one held between calls would keep the primary region from closing.
+            np.copyto(self.primary.chunk(chunk[io]), np.frombuffer(buf, np.uint8, self.bs, poff))  # releases the GIL
+
+        return deliver
+
     def single_request(self, run, reps: int = 5) -> float:
         """Median seconds of one request's load with nothing else in flight."""
         reqs = self.requests()
@@ -240,10 +259,11 @@ class TierCase:
 
 
 def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling | None = None) -> dict:
-    """Per round: every case's restore, bracketed by two samples of the raw ceiling (so a restore is
-    compared with the disk as it was just before and after it), then every case's one-request
-    load.  The cases' order is reversed every other round, so drift and neighbours' load hit all
-    alike; each case's figure is its median round."""
+    """Per round: every case's restore, then the raw + delivery reference if the ceiling has one,
+    bracketed by two samples of the raw ceiling (so a restore is compared with the disk as it was
+    just before and after it), then every case's one-request load.  The cases' order is reversed
+    every other round, so drift and neighbours' load hit all alike; each case's figure is its
+    median round."""
     for r in range(rounds):
         order = list(cases.values()) if r % 2 == 0 else list(cases.values())[::-1]
         if ceiling is not None:
@@ -251,6 +271,7 @@ def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling 
         for c in order:
             c.measure_restore()
         if ceiling is not None:
+            ceiling.measure_delivered()
             ceiling.measure()
         for c in order:
             c.measure_single()
@@ -268,11 +289,15 @@ class RawCeiling:
     is the median of its per-round ratios.  The method is chosen on the tuning samples, not on the
     measured ones: the best of several methods' medians would be biased upwards by the noise it
     picks.
+
+    With ``deliver`` (see :meth:`Bench.deliverer`) it also samples raw + delivery once per round:
+    the tuned number of threads (the best threaded setting if io_uring tuned best), each copying
+    the block it read into its primary-tier chunk before its next read.
     """
 
     THREADS, DEPTHS = (8, 16, 32), (16, 32, 64, 128)
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, deliver: Callable[[tuple[int, int], memoryview], None] | None = None) -> None:
         exts = sorted(x[:3] for e in store.catalog.entries.values() for x in e.extents)
         sizes = {x[2] for x in exts}
         assert len(sizes) == 1, "one extent size per tier"
@@ -283,6 +308,8 @@ class RawCeiling:
         self.tuning: dict[str, float] = {}
         self.method: tuple[str, str, int] | None = None
         self.samples: list[float] = []
+        self.deliver = deliver
+        self.delivered: list[float] = []
 
     def _sample(self, order: str, kind: str, n: int) -> float:
         from kvswarm.bench.raw import run_threads, run_uring
@@ -309,15 +336,37 @@ class RawCeiling:
     def measure(self) -> None:
         self.samples.append(self._sample(*self.method))
 
+    def _delivery_threads(self) -> int:
+        order, kind, n = self.method
+        if kind == "threads":
+            return n
+        return max(self.THREADS, key=lambda t: self.tuning[self._name((order, "threads", t))])
+
+    def measure_delivered(self) -> None:
+        if self.deliver is None:
+            return
+        from kvswarm.bench.raw import run_threads
+        from kvswarm.io.base import Op
+
+        ios = self.orders[self.method[0]]
+        drop_caches()
+        self.delivered.append(run_threads(self.fds, ios, self.size, Op.READ, self._delivery_threads(), 10.0,
+                                          deliver=lambda i, buf: self.deliver(ios[i], buf)).gbps)
+
     def rounds(self) -> list[float]:
         """Each round's ceiling: the mean of its two samples."""
         return [(a + b) / 2 for a, b in zip(self.samples[::2], self.samples[1::2])]
 
     def result(self) -> dict:
-        return {"gbps": float(np.median(self.rounds())), "method": self._name(self.method), "samples": self.samples,
-                "round_gbps": self.rounds(), "tuning": self.tuning, "extent_bytes": self.size,
-                "note": "method tuned first (best of two passes), then sampled before and after the tiers' "
-                        "restores in each round; reads kvswarm's own extents"}
+        out = {"gbps": float(np.median(self.rounds())), "method": self._name(self.method), "samples": self.samples,
+               "round_gbps": self.rounds(), "tuning": self.tuning, "extent_bytes": self.size,
+               "note": "method tuned first (best of two passes), then sampled before and after the tiers' "
+                       "restores in each round; reads kvswarm's own extents"}
+        if self.delivered:
+            out["delivered"] = {"gbps": float(np.median(self.delivered)), "round_gbps": self.delivered,
+                                "method": f"threads_{self._delivery_threads()}_{self.method[0]}",
+                                "note": "the same reads, each block then copied into its primary-tier chunk"}
+        return out
 
 
 def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console) -> dict:
@@ -329,7 +378,8 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
         cases = {"fs": TierCase(bench, fs_config(os.path.join(root, f"fs-{size}"))),
                  "kvswarm": TierCase(bench, kv_config([kv_dir], backend,
                                                       bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
-        raw = RawCeiling(cases["kvswarm"].run.tier.store)
+        kv_tier = cases["kvswarm"].run.tier
+        raw = RawCeiling(kv_tier.store, bench.deliverer(kv_tier))
         raw.tune()
         out.update(measure_rounds(cases, rounds, raw))
         out["raw"] = raw.result()
@@ -337,14 +387,16 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
         bench.close()
         shutil.rmtree(os.path.join(root, f"fs-{size}"), ignore_errors=True)
         shutil.rmtree(kv_dir, ignore_errors=True)
-    rawg = out["raw"]["gbps"]
+    rawg, delivered = out["raw"]["gbps"], out["raw"]["delivered"]
     for t in ("fs", "kvswarm"):
-        per_round = [g / r for g, r in zip(out[t]["restore_gbps_rounds"], out["raw"]["round_gbps"])]
-        out[t]["restore_ratio_vs_raw_rounds"] = per_round
-        out[t]["restore_ratio_vs_raw"] = float(np.median(per_round))
+        for name, ref in (("raw", out["raw"]["round_gbps"]), ("raw_delivered", delivered["round_gbps"])):
+            per_round = [g / r for g, r in zip(out[t]["restore_gbps_rounds"], ref)]
+            out[t][f"restore_ratio_vs_{name}_rounds"] = per_round
+            out[t][f"restore_ratio_vs_{name}"] = float(np.median(per_round))
         out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg
-    console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}); restore fs {out['fs']['restore_gbps']:.2f}, "
-                  f"kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s (medians of {rounds} rounds)")
+    console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}), raw + delivery {delivered['gbps']:.2f}; restore "
+                  f"fs {out['fs']['restore_gbps']:.2f}, kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s "
+                  f"(medians of {rounds} rounds)")
     return out
 
 
@@ -467,12 +519,15 @@ def summarize(r: dict) -> dict:
     for row in r["one_drive"]:
         k = f"{row['block_kib']}k"
         s[f"raw_gbps_{k}"] = row["raw"]["gbps"]
+        s[f"raw_delivered_gbps_{k}"] = row["raw"]["delivered"]["gbps"]
         for t in ("fs", "kvswarm"):
             s[f"{t}_restore_gbps_{k}"] = row[t]["restore_gbps"]
             s[f"{t}_store_gbps_{k}"] = row[t]["store_gbps"]
             s[f"{t}_restore_ratio_vs_raw_{k}"] = row[t]["restore_ratio_vs_raw"]
+            s[f"{t}_restore_ratio_vs_raw_delivered_{k}"] = row[t]["restore_ratio_vs_raw_delivered"]
             s[f"{t}_single_request_ratio_vs_raw_{k}"] = row[t]["single_request_ratio_vs_raw"]
         s[f"restore_ratio_vs_raw_{k}"] = row["kvswarm"]["restore_ratio_vs_raw"]
+        s[f"restore_ratio_vs_raw_delivered_{k}"] = row["kvswarm"]["restore_ratio_vs_raw_delivered"]
         s[f"restore_speedup_vs_fs_1drive_{k}"] = row["kvswarm"]["restore_gbps"] / row["fs"]["restore_gbps"]
     rs = r["restart"]
     if rs:
@@ -492,21 +547,24 @@ def report(r: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title="vLLM offloading tier: fs (vLLM built-in) vs kvswarm, through vLLM's tier interfaces")
-    for c in ("case", "raw GB/s", "fs restore", "kvswarm restore", "kvswarm/raw (per round)", "fs/raw (per round)",
-              "kvswarm/fs",
-              "1-req kvswarm/raw", "1-req fs/raw", "store fs / kvswarm GB/s"):
+    t.caption = ("restores in GB/s; ratios are medians of per-round ratios; raw+deliv.: the raw reads, each block "
+                 "then copied into its primary-tier chunk")
+    for c in ("case", "raw", "raw+deliv.", "fs", "kvswarm", "kv/raw", "fs/raw", "kv/(raw+deliv.)", "kv/fs",
+              "1-req kv/raw", "1-req fs/raw", "store fs / kv"):
         t.add_column(c)
     for row in r["one_drive"]:
         f, k, raw = row["fs"], row["kvswarm"], row["raw"]["gbps"]
-        t.add_row(f"1 drive, {row['block_kib']} KiB", f"{raw:.2f}", f"{f['restore_gbps']:.2f}",
-                  f"{k['restore_gbps']:.2f}", f"{k['restore_ratio_vs_raw']:.2f}", f"{f['restore_ratio_vs_raw']:.2f}",
+        t.add_row(f"1 drive, {row['block_kib']} KiB", f"{raw:.2f}", f"{row['raw']['delivered']['gbps']:.2f}",
+                  f"{f['restore_gbps']:.2f}", f"{k['restore_gbps']:.2f}", f"{k['restore_ratio_vs_raw']:.2f}",
+                  f"{f['restore_ratio_vs_raw']:.2f}", f"{k['restore_ratio_vs_raw_delivered']:.2f}",
                   f"x{k['restore_gbps'] / f['restore_gbps']:.2f}", f"{k['single_request_ratio_vs_raw']:.2f}",
                   f"{f['single_request_ratio_vs_raw']:.2f}", f"{f['store_gbps']:.2f} / {k['store_gbps']:.2f}")
     e = r["eight_drives"]
     if e:
         f, k = e["fs_1_drive"], e["kvswarm_8_drives"]
-        t.add_row(f"8 loop drives, {e['block_kib']} KiB", "", f"{f['restore_gbps']:.3f}", f"{k['restore_gbps']:.3f}",
-                  "", "", f"x{e['restore_speedup']:.2f}", "", "", f"{f['store_gbps']:.3f} / {k['store_gbps']:.3f}")
+        t.add_row(f"8 loop drives, {e['block_kib']} KiB", "", "", f"{f['restore_gbps']:.3f}",
+                  f"{k['restore_gbps']:.3f}", "", "", "", f"x{e['restore_speedup']:.2f}", "", "",
+                  f"{f['store_gbps']:.3f} / {k['store_gbps']:.3f}")
     console.print(t)
     rs = r["restart"]
     if rs:
@@ -529,9 +587,10 @@ def plot(r: dict, path: str) -> None:
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     x = np.arange(len(rows))
     for j, (name, get) in enumerate((("raw O_DIRECT", lambda w: w["raw"]["gbps"]),
+                                     ("raw + delivery", lambda w: w["raw"]["delivered"]["gbps"]),
                                      ("vLLM fs tier", lambda w: w["fs"]["restore_gbps"]),
                                      ("kvswarm tier", lambda w: w["kvswarm"]["restore_gbps"]))):
-        ax[0].bar(x + (j - 1) * 0.27, [get(w) for w in rows], 0.27, label=name)
+        ax[0].bar(x + (j - 1.5) * 0.2, [get(w) for w in rows], 0.2, label=name)
     ax[0].set_xticks(x, [f"{w['block_kib']} KiB" for w in rows])
     ax[0].set_ylabel("restore GB/s (one drive, same disk)")
     ax[0].legend()
