@@ -392,3 +392,19 @@ def test_reads_racing_writes_and_deletes_on_another_thread_never_return_wrong_by
         finally:
             stop.set()
             t.join()
+
+
+def test_buffer_pool_populate_faults_the_region_in_and_keeps_contents():
+    from kvswarm.buffers import BufferPool
+
+    def rss_kib() -> int:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Rss:"))
+
+    pool = BufferPool(64 << 20)
+    with pool.lease(4096) as lease:
+        lease.numpy()[:] = 7
+        before = rss_kib()
+        pool.populate()
+        assert rss_kib() - before >= 60 << 10  # nearly all of the 64 MiB became resident
+        assert (lease.numpy() == 7).all()

@@ -62,6 +62,15 @@ class Lease:
 
 
 HUGE_PAGE = 2 << 20
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14; Python 3.11's mmap lacks the name
+
+
+@functools.cache
+def _libc_madvise():
+    """libc's madvise through ctypes, which releases the GIL (``mmap.madvise`` holds it)."""
+    fn = ctypes.CDLL(None, use_errno=True).madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 class BufferPool:
@@ -85,6 +94,18 @@ class BufferPool:
     @property
     def in_use(self) -> int:
         return self._alloc.used
+
+    def populate(self) -> None:
+        """Fault the whole region in now rather than in the first I/Os into it.
+
+        Huge pages may need the kernel to compact memory first: on this VM the first 512 MiB took
+        1.5 s (later ones 45-50 ms), and a new vLLM tier's first stores, which spread over the whole
+        pool, ran at 0.24 GB/s against 1.8-1.9 GB/s once it was resident.  Contents are kept (it only
+        faults pages in), so it is safe while leases are in use; the GIL is released meanwhile.
+        """
+        size = len(self._mmap)
+        if _libc_madvise()(self.base_address, size, MADV_POPULATE_WRITE) != 0:  # kernels before 5.14
+            self.array[::mmap.PAGESIZE] |= 0  # a write to every page keeps its byte
 
     def lease(self, nbytes: int) -> Lease:
         nbytes = align_up(max(nbytes, 1))
