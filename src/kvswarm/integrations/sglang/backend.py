@@ -78,6 +78,9 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             drives=paths, capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)),
             backend=extra.get("io_backend", "threads"), queue_depth=int(extra.get("queue_depth", 32)),
             buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20))))
+        # At start-up rather than in the first batch_set: see BufferPool.populate (SGLang's backends
+        # have no thread of their own to do it in the background).
+        self.store.pool.populate()
         self.mem_pool_host = None
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
         log.info("kvswarm HiCache backend: %d drives, %d pages, catalog loaded in %.3f s",
