@@ -95,17 +95,16 @@ class BufferPool:
     def in_use(self) -> int:
         return self._alloc.used
 
-    def populate(self) -> None:
-        """Fault the whole region in now rather than in the first I/Os into it.
+    def populate(self) -> bool:
+        """Fault the whole region in now rather than in the first I/Os into it; False where the
+        kernel cannot (before 5.14), and the pages then fault in on first use as before.
 
         Huge pages may need the kernel to compact memory first: on this VM the first 512 MiB took
         1.5 s (later ones 45-50 ms), and a new vLLM tier's first stores, which spread over the whole
         pool, ran at 0.24 GB/s against 1.8-1.9 GB/s once it was resident.  Contents are kept (it only
         faults pages in), so it is safe while leases are in use; the GIL is released meanwhile.
         """
-        size = len(self._mmap)
-        if _libc_madvise()(self.base_address, size, MADV_POPULATE_WRITE) != 0:  # kernels before 5.14
-            self.array[::mmap.PAGESIZE] |= 0  # a write to every page keeps its byte
+        return _libc_madvise()(self.base_address, len(self._mmap), MADV_POPULATE_WRITE) == 0
 
     def lease(self, nbytes: int) -> Lease:
         nbytes = align_up(max(nbytes, 1))

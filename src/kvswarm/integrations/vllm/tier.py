@@ -280,10 +280,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         # Fault the buffer pool in before serving, not in the first jobs: a fresh tier's first stores
         # spread over the whole pool (0.24 vs 1.8-1.9 GB/s once resident, see BufferPool.populate).
         # Jobs queue meanwhile; lookups never wait for it.
-        try:
-            self.store.pool.populate()
-        except Exception:  # the driver must start regardless: its first I/Os then fault the pages in
-            log.warning("kvswarm tier: could not fault the buffer pool in", exc_info=True)
+        if not self.store.pool.populate():
+            log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
         active: list[_Job] = []
         unflushed: list[_Job] = []
         while True:
