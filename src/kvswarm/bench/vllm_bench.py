@@ -29,7 +29,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvswarm.bench.raw import cpu_time
 from kvswarm.layout import KVLayout
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -218,11 +218,6 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
-def cpu_time() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 class TierCase:
     """A tier under test: stored once, then measured in rounds interleaved with the others."""
 
@@ -318,9 +313,13 @@ class RawCeiling:
         from kvswarm.bench.raw import run_threads, run_uring
         from kvswarm.io.base import Op
 
-        fn = run_threads if kind == "threads" else run_uring
+        ios = self.orders[order]
         drop_caches()
-        return fn(self.fds, self.orders[order], self.size, Op.READ, n, 10.0).gbps
+        if kind == "delivered":  # threads, each handing every block it read to self.deliver
+            return run_threads(self.fds, ios, self.size, Op.READ, n, 10.0,
+                               deliver=lambda i, buf: self.deliver(ios[i], buf)).gbps
+        fn = run_threads if kind == "threads" else run_uring
+        return fn(self.fds, ios, self.size, Op.READ, n, 10.0).gbps
 
     @staticmethod
     def _name(method: tuple[str, str, int]) -> str:
@@ -346,15 +345,8 @@ class RawCeiling:
         return max(self.THREADS, key=lambda t: self.tuning[self._name((order, "threads", t))])
 
     def measure_delivered(self) -> None:
-        if self.deliver is None:
-            return
-        from kvswarm.bench.raw import run_threads
-        from kvswarm.io.base import Op
-
-        ios = self.orders[self.method[0]]
-        drop_caches()
-        self.delivered.append(run_threads(self.fds, ios, self.size, Op.READ, self._delivery_threads(), 10.0,
-                                          deliver=lambda i, buf: self.deliver(ios[i], buf)).gbps)
+        if self.deliver is not None:
+            self.delivered.append(self._sample(self.method[0], "delivered", self._delivery_threads()))
 
     def rounds(self) -> list[float]:
         """Each round's ceiling: the mean of its two samples."""

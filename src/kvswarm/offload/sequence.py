@@ -22,8 +22,8 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 from functools import partial
+from typing import ClassVar
 
 import numpy as np
 import torch
