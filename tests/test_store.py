@@ -1,4 +1,5 @@
-"""KVStore behaviour on real files with O_DIRECT, for both I/O backends."""
+"""KVStore behaviour on real files with O_DIRECT, for both I/O backends, verified by the native
+worker and by the Python fallback alike."""
 
 import mmap
 import os
@@ -28,6 +29,18 @@ def _dirs(root, n):
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def verifier(request, monkeypatch):
+    """Every test runs with the native verify worker and with the pure-Python checks (a build
+    without a C compiler); the native one must have been built."""
+    import kvswarm.store
+
+    assert kvswarm.store.verify_submit is not None, "kvswarm._verify was not built"
+    if request.param == "python":
+        monkeypatch.setattr(kvswarm.store, "verify_submit", None)
     return request.param
 
 

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -46,6 +47,11 @@ from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, PlacementStrategy, make_placement
+
+try:  # the native verify-and-copy worker (kvswarm/native/verify.c), where the build compiled it
+    from kvswarm._verify import submit as verify_submit
+except ImportError:
+    verify_submit = None
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
@@ -125,30 +131,73 @@ class _Handle:
     def poll(self) -> bool:
         if not self._batch.done:
             self._store.engine.poll(0)
-        return self._batch.done
+        return self.done
 
 
 class GetHandle(_Handle):
-    """A batched read in flight; ``wait()`` returns the :class:`GetResult`."""
+    """A batched read in flight; ``wait()`` returns the :class:`GetResult`.
+
+    Once its reads are back, the first ``done`` or ``poll()`` that sees it hands the batch to
+    verification (the native worker's, when built); ``done`` holds once that has finished too.
+    """
 
     def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
                  reads: _Reads, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
         self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
         self._batch, self._live, self._lease = batch, live, lease
+        self._check: _Check | None = None
+        self._checking = False
         self._result: GetResult | None = None
+
+    @property
+    def done(self) -> bool:
+        if not self._checking:
+            if not self._batch.done:
+                return False
+            self._start_check()
+        return self._check is None or self._check.done
+
+    def _start_check(self) -> None:
+        results = self._batch.results
+        if self._live is not None:  # extents on drives out of service were not read: EIO
+            full: list[int | None] = [-5] * len(self._ext.length)
+            for i, r in zip(self._live, results):
+                full[i] = r
+            results = full
+        self._check = self._store._check_get(self._ext, self._reads, results, self._lease)
+        self._checking = True
+        if self._check is not None and self._check.job is not None:
+            self._store._verifying.append(self._check.job)
 
     def wait(self) -> GetResult:
         if self._result is None:
             self._store.engine.wait(self._batch)
-            results = self._batch.results
-            if self._live is not None:  # extents on drives out of service were not read: EIO
-                full: list[int | None] = [-5] * len(self._ext.length)
-                for i, r in zip(self._live, results):
-                    full[i] = r
-                results = full
-            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads, results,
+            if not self._checking:
+                self._start_check()
+            if self._check is not None and self._check.job is not None:
+                self._check.job.wait()
+            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads, self._check,
                                                    self._lease)
         return self._result
+
+
+@dataclass(slots=True)
+class _Check:
+    """A batch under verification (see KVStore._check_get); ``ok`` and the caller's buffers in
+    ``dst`` are final once ``job`` (the native worker's, if any) is done."""
+
+    results: Sequence[int | None]  # per extent: bytes read or -errno
+    io_ok: np.ndarray
+    ok: np.ndarray  # per extent: read in full, header and payload as the catalog says
+    single: bool  # one extent per object
+    at: np.ndarray  # per extent: where its payload lies in the pool
+    payloads: list[memoryview]
+    dst: list[memoryview | None] | None  # the buffers the worker copies verified payloads into
+    job: object | None  # kvswarm._verify.Job
+
+    @property
+    def done(self) -> bool:
+        return self.job is None or self.job.done
 
 
 @dataclass(slots=True)
@@ -158,6 +207,25 @@ class _Reads:
 
     starts: np.ndarray
     into: list[memoryview | None] | None = None  # per located object, the caller's buffer
+
+
+def _sized(into: list[memoryview | None], lengths: np.ndarray) -> list[memoryview | None]:
+    """The caller's buffers that fit their payloads exactly; None for the others."""
+    return [b if b is not None and len(b) == n else None for b, n in zip(into, lengths.tolist())]
+
+
+def _hand_over(views: list, found: list[int], good: list[int], into: list[memoryview | None],
+               dst: list[memoryview | None]) -> int:
+    """Point verified hits at the buffers the native pass copied them into; returns how many
+    hits become misses because their buffer's length differs."""
+    lost = 0
+    for i in good:
+        if dst[i] is not None:
+            views[found[i]] = dst[i]
+        elif into[i] is not None:
+            views[found[i]] = None
+            lost += 1
+    return lost
 
 
 class PutHandle(_Handle):
@@ -207,6 +275,7 @@ class KVStore:
         self._lock = threading.Lock()
         self._deferred: list[Entry] = []  # extents to free at the next flush
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
+        self._verifying: deque = deque()  # batches with the native verify worker, oldest first
 
     @classmethod
     def open(cls, drives: Sequence[str], **kw) -> KVStore:
@@ -433,13 +502,21 @@ class KVStore:
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
-        flight; returns how many arrived.  With ``handle.done`` a caller finishes handles in the
-        order they complete, so one slow read does not hold up the others."""
-        if not self.engine.inflight():
-            return 0
-        before = self.engine.completions
-        self.engine.poll(timeout)
-        return self.engine.completions - before
+        flight, else for the next batch under verification; returns how many I/Os or batches
+        finished.  With ``handle.done`` a caller finishes handles in the order they complete, so one
+        slow read does not hold up the others."""
+        if self.engine.inflight():
+            before = self.engine.completions
+            self.engine.poll(timeout)
+            return self.engine.completions - before
+        v, n = self._verifying, 0
+        while v and v[0].done:
+            v.popleft()
+            n += 1
+        if n or not v or not v[0].wait(timeout):
+            return n
+        v.popleft()
+        return 1
 
     def get_many(self, keys: Sequence[bytes]) -> GetResult:
         return self.submit_get(keys).wait()
@@ -450,33 +527,50 @@ class KVStore:
             v = r.views[0]
             return bytes(v) if v is not None else None
 
+    def _check_get(self, ext: ExtentTable, reads: _Reads, results: Sequence[int | None],
+                   lease: Lease | None) -> _Check | None:
+        """Start verifying a batch whose reads are back, in a few array operations: each extent
+        must have read in full and its header must equal the one the catalog predicts (every
+        field, byte for byte), checked here; its payload must match the checksum, hashed per
+        extent by the native worker if there is one (which also copies verified payloads of
+        one-extent objects into the caller's buffers), else here."""
+        if lease is None:
+            return None
+        k, starts, pp = len(ext.length), reads.starts, ext.part_payload
+        io_ok = np.array(results, np.int64) == ext.length
+        sector = sector_payload(pp)
+        want = np.zeros(k, HEADER_BODY_DTYPE)
+        want["magic"], want["version"] = MAGIC, VERSION
+        want["flags"] = sector * FLAG_SECTOR_PAYLOAD
+        single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
+        rows = ext.rows if single else ext.rows[ext.obj]
+        want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
+            rows["generation"]
+        want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
+        at = lease.offset + starts
+        got = self.pool.array[at[:, None] + _HEADER_COLS]
+        ok = io_ok & (got == want.view(np.uint8).reshape(k, HEADER_BODY.size)).all(1)
+        lv = lease.view
+        poff = np.where(sector, ALIGN, HEADER_SIZE)
+        payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
+        dst = _sized(reads.into, pp) if verify_submit is not None and single and reads.into is not None else None
+        job = None
+        if verify_submit is not None:
+            job = verify_submit(self.pool.array, at + poff, pp.astype(np.int64),
+                                np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8), dst)
+        else:
+            ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
+        return _Check(results, io_ok, ok, single, at + poff, payloads, dst, job)
+
     def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
-                    results: list[int | None], lease: Lease | None) -> GetResult:
-        """Verify a batch in a few array operations: each extent must have read in full, its
-        header must equal the one the catalog predicts (every field, byte for byte) and its
-        payload must match the checksum; only the payload hashes run per extent."""
+                    check: _Check | None, lease: Lease | None) -> GetResult:
+        """The outcome of a batch whose verification has finished: views of the verified payloads
+        (or the caller's buffers they were copied into), each failure counted once, by cause."""
         n = len(keys)
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
-        if lease is not None:
-            k, starts, pp = len(ext.length), reads.starts, ext.part_payload
-            io_ok = np.array(results, np.int64) == ext.length
-            sector = sector_payload(pp)
-            want = np.zeros(k, HEADER_BODY_DTYPE)
-            want["magic"], want["version"] = MAGIC, VERSION
-            want["flags"] = sector * FLAG_SECTOR_PAYLOAD
-            single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
-            rows = ext.rows if single else ext.rows[ext.obj]
-            want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
-                rows["generation"]
-            want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
-            at = lease.offset + starts
-            got = self.pool.array[at[:, None] + _HEADER_COLS]
-            ok = io_ok & (got == want.view(np.uint8).reshape(k, HEADER_BODY.size)).all(1)
-            lv, h3 = lease.view, PAYLOAD_CHECKSUM
-            poff = np.where(sector, ALIGN, HEADER_SIZE)
-            payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
-            ok &= np.fromiter(map(h3, payloads), np.uint64, k) == ext.csum
+        if check is not None:
+            ok, single, payloads = check.ok, check.single, check.payloads
             if single:
                 obj_ok, first = ok, None
             else:
@@ -490,18 +584,21 @@ class KVStore:
                 for i in good:
                     views[found[i]] = payloads[i]
             else:
+                pp = ext.part_payload
                 for i in good:
                     j, parts = int(first[i]), int(ext.parts[first[i]])
                     views[found[i]] = payloads[j] if parts == 1 else self._join_in_place(
-                        lease, [(int(at[x] + poff[x]), int(pp[x])) for x in range(j, j + parts)])
-            if reads.into is not None:
+                        lease, [(int(check.at[x]), int(pp[x])) for x in range(j, j + parts)])
+            if check.dst is not None:
+                hits -= _hand_over(views, found, good, reads.into, check.dst)
+            elif reads.into is not None:
                 hits -= self._copy_into(views, found, good, reads.into)
             for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
                 j = i if single else int(first[i])
                 while ok[j]:
                     j += 1
-                if not io_ok[j]:
-                    self._read_failed(int(ext.drive[j]), int(ext.offset[j]), results[j])
+                if not check.io_ok[j]:
+                    self._read_failed(int(ext.drive[j]), int(ext.offset[j]), check.results[j])
                 else:
                     self.drives[int(ext.drive[j])].stats.misses += 1
                     corrupt += 1
@@ -598,6 +695,8 @@ class KVStore:
         if getattr(self, "engine", None) is None:
             return
         self.engine.close()
+        while self._verifying:  # the worker holds views of the pool until it is done
+            self._verifying.popleft().wait()
         self.flush()
         self.catalog.checkpoint()
         self.catalog.close()

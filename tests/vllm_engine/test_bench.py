@@ -15,8 +15,11 @@ def test_bench_vllm_runs_and_reports(tmp_path):
     r = json.loads(out.read_text())
     s = r["summary"]
     for key in ("restore_ratio_vs_raw_64k", "raw_gbps_64k", "fs_restore_gbps_64k", "kvswarm_restore_gbps_64k",
-                "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs"):
+                "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs",
+                "engine_load_none_restore_speedup_vs_fs", "engine_load_1of1_kvswarm_restore_gbps",
+                "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs"):
         assert s[key] > 0, key
+    assert set(r["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128
     assert (tmp_path / "vllm.png").stat().st_size > 0
 

@@ -17,6 +17,8 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
 3. Eight drives on kernel-throttled loop devices (``kvswarm.testbed``), equal caps per
    drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root) vs
    kvswarm striped over all eight.
+4. Engine load: restores while another thread of the process holds the GIL most of the time,
+   as vLLM's engine-core loop does in the process that hosts the tiers (:class:`EngineLoad`).
 
 vLLM is imported only inside ``.venv-vllm`` (scripts/setup-vllm.sh); run from another
 interpreter this command re-executes itself there.
@@ -33,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
+    p.add_argument("--engine-load", default="1/1,3/1", metavar="HOLD/IDLE,...",
+                   help="GIL duty cycles of the emulated engine thread, in ms held / ms idle ('' to skip)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
                      "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None,
-                     "eight_drives": None}
+                     "eight_drives": None, "engine_load": None}
     try:
         for size in sizes:
             console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
@@ -85,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
             results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend,
                                                    tb_rounds, console)
+        if args.engine_load:
+            loads = [tuple(float(x) for x in p.split("/")) for p in args.engine_load.split(",")]
+            console.print("[bold]engine load: 256 KiB restores while a thread holds the GIL[/bold]")
+            results["engine_load"] = engine_load(root, 256 * KiB, restore, args.kv_backend, loads, tb_rounds,
+                                                 console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize(results)
@@ -508,6 +518,74 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
     return out
 
 
+# ---- 4. engine load ----------------------------------------------------------------------------
+class EngineLoad:
+    """A thread that holds the GIL ``hold_ms`` out of every ``hold_ms + idle_ms`` (pure Python, so
+    it lets go only when it sleeps or when another thread has waited a switch interval, 5 ms).
+
+    vLLM runs its offloading tiers in the engine-core process, whose main thread loops over
+    scheduler steps in Python: back to back while requests run (the GIL is free only while it
+    waits on the model), with a 1 ms sleep when only loads are pending
+    (``EngineCore._process_engine_step``).  A tier's own threads get the GIL in between.
+    """
+
+    def __init__(self, hold_ms: float, idle_ms: float) -> None:
+        self.hold, self.idle = hold_ms / 1e3, idle_ms / 1e3
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-load", daemon=True)
+
+    def _run(self) -> None:
+        clock = time.perf_counter
+        while not self._stop.is_set():
+            end = clock() + self.hold
+            while clock() < end:
+                pass
+            time.sleep(self.idle)
+
+    def __enter__(self) -> EngineLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def engine_load(root: str, size: int, total: int, backend: str, loads: list[tuple[float, float]], rounds: int,
+                console) -> dict:
+    """Restores of both tiers with no load and under each GIL duty cycle, interleaved per round."""
+    bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
+    kv_dir = os.path.join(root, "kv-load")
+    os.makedirs(kv_dir)
+    out: dict = {"block_kib": size // KiB, "blocks": bench.nblocks, "rounds": rounds, "loads": {}}
+    try:
+        cases = {"fs": TierCase(bench, fs_config(os.path.join(root, "fs-load"))),
+                 "kvswarm": TierCase(bench, kv_config([kv_dir], backend, bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
+        seen: dict[str, dict[str, list[float]]] = {}
+        for r in range(rounds):
+            for hold, idle in [(0.0, 0.0), *loads]:
+                name = f"{hold:g}/{idle:g}" if hold else "none"
+                for t, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
+                    drop_caches()
+                    with EngineLoad(hold, idle) if hold else contextlib.nullcontext():
+                        dt, _ = bench.restore(c.run)
+                    seen.setdefault(name, {}).setdefault(t, []).append(bench.nblocks * bench.bs / dt / 1e9)
+        for c in cases.values():
+            c.run.tier.shutdown()
+    finally:
+        bench.close()
+        shutil.rmtree(os.path.join(root, "fs-load"), ignore_errors=True)
+        shutil.rmtree(kv_dir, ignore_errors=True)
+    for name, per in seen.items():
+        row = {t: float(np.median(g)) for t, g in per.items()}
+        row["rounds"] = per
+        row["kv_vs_fs"] = row["kvswarm"] / row["fs"]
+        out["loads"][name] = row
+        console.print(f"  engine holding the GIL {name} ms: restore fs {row['fs']:.2f}, kvswarm {row['kvswarm']:.2f} "
+                      f"GB/s (x{row['kv_vs_fs']:.2f}; medians of {rounds})")
+    return out
+
+
 # ---- output ------------------------------------------------------------------------------------
 def summarize(r: dict) -> dict:
     s: dict = {}
@@ -535,6 +613,10 @@ def summarize(r: dict) -> dict:
         s["restore_speedup_vs_fs_8drives"] = e["restore_speedup"]
         s["fs_1drive_restore_gbps_8drive_testbed"] = e["fs_1_drive"]["restore_gbps"]
         s["kvswarm_8drives_restore_gbps"] = e["kvswarm_8_drives"]["restore_gbps"]
+    for name, row in (r.get("engine_load") or {}).get("loads", {}).items():
+        k = name.replace("/", "of")
+        s[f"engine_load_{k}_fs_restore_gbps"], s[f"engine_load_{k}_kvswarm_restore_gbps"] = row["fs"], row["kvswarm"]
+        s[f"engine_load_{k}_restore_speedup_vs_fs"] = row["kv_vs_fs"]
     return s
 
 
@@ -568,6 +650,9 @@ def report(r: dict, console) -> None:
                       f"({rs['kvswarm']['device_reads']} reads): x{r['summary']['restart_lookup_speedup_vs_fs']:.1f}")
     if e:
         console.print(f"eight drives: {e['testbed']['emulation']} emulation, caps {e['testbed']['caps']}")
+    for name, row in (r.get("engine_load") or {}).get("loads", {}).items():
+        console.print(f"engine load {name} (ms holding the GIL / ms idle): restore fs {row['fs']:.2f}, kvswarm "
+                      f"{row['kvswarm']:.2f} GB/s: x{row['kv_vs_fs']:.2f}")
     console.print("kvswarm stores are durable (fdatasync + catalog sync before a store job is reported); "
                   "vLLM's fs tier does not fsync.")
 
@@ -579,7 +664,8 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = r["one_drive"]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    loads = (r.get("engine_load") or {}).get("loads", {})
+    fig, ax = plt.subplots(1, 3 if loads else 2, figsize=(16 if loads else 11, 4))
     x = np.arange(len(rows))
     for j, (name, get) in enumerate((("raw O_DIRECT", lambda w: w["raw"]["gbps"]),
                                      ("raw + delivery", lambda w: w["raw"]["delivered"]["gbps"]),
@@ -594,6 +680,14 @@ def plot(r: dict, path: str) -> None:
         ax[1].bar(["vLLM fs, 1 drive", "kvswarm, 8 drives"],
                   [e["fs_1_drive"]["restore_gbps"], e["kvswarm_8_drives"]["restore_gbps"]], color=["C1", "C2"])
         ax[1].set_ylabel("restore GB/s (throttled loop drives)")
+    if loads:
+        x = np.arange(len(loads))
+        for j, (t, label) in enumerate((("fs", "vLLM fs tier"), ("kvswarm", "kvswarm tier"))):
+            ax[2].bar(x + (j - 0.5) * 0.35, [row[t] for row in loads.values()], 0.35, label=label, color=f"C{j + 2}")
+        ax[2].set_xticks(x, [f"{n} ms" if n != "none" else "no load" for n in loads])
+        ax[2].set_xlabel("engine thread: ms holding the GIL / ms idle")
+        ax[2].set_ylabel("restore GB/s, 256 KiB (one drive)")
+        ax[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

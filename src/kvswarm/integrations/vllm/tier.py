@@ -338,7 +338,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                     self._finish(j)
                 unflushed.clear()
             elif not finished and not progressed:
-                self.store.engine.poll(0.001)
+                self.store.progress(0.001)  # the next I/O back, or else the next batch verified
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""

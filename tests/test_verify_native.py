@@ -1,0 +1,90 @@
+"""The native verify worker (kvswarm._verify) on its own: checksums, copies, bounds, waiting."""
+
+import os
+
+import numpy as np
+import pytest
+import xxhash
+from kvswarm._verify import submit
+
+L, SPAN = 8192, 12288
+
+
+def _batch(n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 256, n * SPAN, np.uint8)
+    offs = np.arange(n, dtype=np.int64) * SPAN + 4096
+    lens = np.full(n, L, np.int64)
+    sums = np.array([xxhash.xxh3_64_intdigest(src[o:o + L]) for o in offs], np.uint64)
+    return src, offs, lens, sums
+
+
+def test_good_payloads_are_copied_bad_ones_left_alone():
+    src, offs, lens, sums = _batch()
+    sums[1] ^= 1  # a wrong checksum
+    ok = np.ones(len(offs), np.uint8)
+    ok[2] = 0  # failed before hashing (a bad header): neither hashed nor copied
+    bufs = [bytearray(b"\x5a" * L) for _ in offs]
+    into = [memoryview(b) for b in bufs]
+    into[3] = None  # nowhere to copy: verified only
+    job = submit(src, offs, lens, sums, ok, into)
+    assert job.wait() is True and job.done
+    assert ok.tolist() == [1, 0, 0, 1, 1, 1]
+    for i in (0, 4, 5):
+        assert bytes(bufs[i]) == src[offs[i]:offs[i] + L].tobytes()
+    for i in (1, 2, 3):
+        assert bytes(bufs[i]) == b"\x5a" * L
+    for m in into:  # a finished job holds no exports: the caller can release its views
+        if m is not None:
+            m.release()
+
+
+def test_verify_only_and_empty_batches():
+    src, offs, lens, sums = _batch()
+    ok = np.ones(len(offs), np.uint8)
+    assert submit(src, offs, lens, sums, ok, None).wait(5.0)
+    assert ok.all()
+    empty = np.zeros(0, np.int64)
+    assert submit(src, empty, empty, empty.astype(np.uint64), np.zeros(0, np.uint8), []).wait()
+
+
+@pytest.mark.parametrize("case", ["outside", "short_buffer", "readonly_buffer", "wrong_count", "ok_not_writable"])
+def test_bad_input_raises_before_anything_runs(case):
+    src, offs, lens, sums = _batch()
+    ok = np.ones(len(offs), np.uint8)
+    into = [bytearray(L) for _ in offs]
+    if case == "outside":
+        offs = offs.copy()
+        offs[-1] = len(src) - L + 1
+    elif case == "short_buffer":
+        into[2] = bytearray(L - 1)
+    elif case == "readonly_buffer":
+        into[2] = bytes(L)
+    elif case == "wrong_count":
+        into = into[:-1]
+    else:
+        ok.flags.writeable = False
+    with pytest.raises((ValueError, TypeError, BufferError)):
+        submit(src, offs, lens, sums, ok, into)
+    assert all(b == bytearray(L) for b in into if isinstance(b, bytearray) and len(b) == L)
+
+
+def test_many_jobs_finish_in_order_and_wait_times_out_only_when_unfinished():
+    src, offs, lens, sums = _batch(n=64, seed=1)
+    oks = [np.ones(len(offs), np.uint8) for _ in range(20)]
+    jobs = [submit(src, offs, lens, sums, ok, None) for ok in oks]
+    assert jobs[-1].wait(10.0)
+    assert all(j.done for j in jobs)  # one worker, first in first out
+    assert all(ok.all() for ok in oks)
+    assert jobs[0].wait(0.0) is True
+
+
+def test_a_forked_child_verifies_with_a_worker_of_its_own():
+    src, offs, lens, sums = _batch()
+    assert submit(src, offs, lens, sums, np.ones(len(offs), np.uint8), None).wait()  # the parent's worker runs
+    pid = os.fork()
+    if pid == 0:  # the child has no worker thread until it submits
+        ok = np.ones(len(offs), np.uint8)
+        os._exit(0 if submit(src, offs, lens, sums, ok, None).wait(10.0) and ok.all() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
