@@ -19,7 +19,7 @@ def test_bench_vllm_runs_and_reports(tmp_path):
                 "engine_load_none_restore_speedup_vs_fs", "engine_load_1of1_kvswarm_restore_gbps",
                 "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs"):
         assert s[key] > 0, key
-    assert set(r["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
+    assert set(r["one_drive"][0]["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128
     assert (tmp_path / "vllm.png").stat().st_size > 0
 

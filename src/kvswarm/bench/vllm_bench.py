@@ -17,8 +17,9 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
 3. Eight drives on kernel-throttled loop devices (``kvswarm.testbed``), equal caps per
    drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root) vs
    kvswarm striped over all eight.
-4. Engine load: restores while another thread of the process holds the GIL most of the time,
-   as vLLM's engine-core loop does in the process that hosts the tiers (:class:`EngineLoad`).
+4. Engine load, with part 1's tiers at the first block size: restores while another thread of
+   the process holds the GIL much of the time, as vLLM's engine-core loop does in the process
+   that hosts the tiers (:class:`EngineLoad`).
 
 vLLM is imported only inside ``.venv-vllm`` (scripts/setup-vllm.sh); run from another
 interpreter this command re-executes itself there.
@@ -61,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
     p.add_argument("--engine-load", default="1/1,3/1", metavar="HOLD/IDLE,...",
-                   help="GIL duty cycles of the emulated engine thread, in ms held / ms idle ('' to skip)")
+                   help="GIL duty cycles of the emulated engine thread, ms held / ms idle, measured at the first "
+                        "block size ('' to skip)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,22 +81,19 @@ def run(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
                      "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None,
-                     "eight_drives": None, "engine_load": None}
+                     "eight_drives": None}
+    loads = [tuple(float(x) for x in p.split("/")) for p in args.engine_load.split(",") if p]
     try:
         for size in sizes:
             console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
-            results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, rounds, console))
+            results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, rounds, console,
+                                                  loads if size == sizes[0] else [], tb_rounds))
         console.print(f"[bold]restart: cold lookup of {lookups} blocks[/bold]")
         results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
         if not args.no_testbed:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
             results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend,
                                                    tb_rounds, console)
-        if args.engine_load:
-            loads = [tuple(float(x) for x in p.split("/")) for p in args.engine_load.split(",")]
-            console.print("[bold]engine load: 256 KiB restores while a thread holds the GIL[/bold]")
-            results["engine_load"] = engine_load(root, 256 * KiB, restore, args.kv_backend, loads, tb_rounds,
-                                                 console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     results["summary"] = summarize(results)
@@ -266,12 +265,12 @@ class TierCase:
                 "single_request_gbps": REQUEST_BLOCKS * self.bench.bs / single / 1e9}
 
 
-def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling | None = None) -> dict:
+def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling | None = None) -> None:
     """Per round: every case's restore, then the raw + delivery reference if the ceiling has one,
     bracketed by two samples of the raw ceiling (so a restore is compared with the disk as it was
     just before and after it), then every case's one-request load.  The cases' order is reversed
     every other round, so drift and neighbours' load hit all alike; each case's figure is its
-    median round."""
+    median round (:func:`results`)."""
     for r in range(rounds):
         order = list(cases.values()) if r % 2 == 0 else list(cases.values())[::-1]
         if ceiling is not None:
@@ -283,6 +282,10 @@ def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling 
             ceiling.measure()
         for c in order:
             c.measure_single()
+
+
+def results(cases: dict[str, TierCase]) -> dict:
+    """Every case's figures (medians of its rounds); shuts the tiers down."""
     return {name: c.result() for name, c in cases.items()}
 
 
@@ -374,7 +377,8 @@ class RawCeiling:
         return out
 
 
-def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console) -> dict:
+def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console,
+              loads: list[tuple[float, float]] = (), load_rounds: int = 3) -> dict:
     bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
     out = {"block_kib": size // KiB, "blocks": bench.nblocks, "rounds": rounds}
     kv_dir = os.path.join(root, f"kv-{size}")
@@ -386,7 +390,10 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
         kv_tier = cases["kvswarm"].run.tier
         raw = RawCeiling(kv_tier.store, bench.deliverer(kv_tier))
         raw.tune()
-        out.update(measure_rounds(cases, rounds, raw))
+        measure_rounds(cases, rounds, raw)
+        if loads:
+            out["engine_load"] = engine_load(bench, cases, loads, load_rounds, console)
+        out.update(results(cases))
         out["raw"] = raw.result()
     finally:
         bench.close()
@@ -502,12 +509,14 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
             try:
                 try:
                     fs_case = TierCase(bench, fs_config(os.path.join(mnt, "kv")), settle)
-                    out["fs_1_drive"] = measure_rounds({"fs": fs_case}, rounds)["fs"]
+                    measure_rounds({"fs": fs_case}, rounds)
+                    out["fs_1_drive"] = results({"fs": fs_case})["fs"]
                 finally:
                     subprocess.run(["umount", mnt], check=True)
                 kv_case = TierCase(bench, kv_config(list(tb.paths), backend, drive_bytes, meta_dir=tb.meta_dir),
                                    settle)
-                out["kvswarm_8_drives"] = measure_rounds({"kv": kv_case}, rounds)["kv"]
+                measure_rounds({"kv": kv_case}, rounds)
+                out["kvswarm_8_drives"] = results({"kv": kv_case})["kv"]
             finally:
                 settle.close()
     finally:
@@ -551,31 +560,20 @@ class EngineLoad:
         self._thread.join()
 
 
-def engine_load(root: str, size: int, total: int, backend: str, loads: list[tuple[float, float]], rounds: int,
+def engine_load(bench: Bench, cases: dict[str, TierCase], loads: list[tuple[float, float]], rounds: int,
                 console) -> dict:
-    """Restores of both tiers with no load and under each GIL duty cycle, interleaved per round."""
-    bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
-    kv_dir = os.path.join(root, "kv-load")
-    os.makedirs(kv_dir)
-    out: dict = {"block_kib": size // KiB, "blocks": bench.nblocks, "rounds": rounds, "loads": {}}
-    try:
-        cases = {"fs": TierCase(bench, fs_config(os.path.join(root, "fs-load"))),
-                 "kvswarm": TierCase(bench, kv_config([kv_dir], backend, bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
-        seen: dict[str, dict[str, list[float]]] = {}
-        for r in range(rounds):
-            for hold, idle in [(0.0, 0.0), *loads]:
-                name = f"{hold:g}/{idle:g}" if hold else "none"
-                for t, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
-                    drop_caches()
-                    with EngineLoad(hold, idle) if hold else contextlib.nullcontext():
-                        dt, _ = bench.restore(c.run)
-                    seen.setdefault(name, {}).setdefault(t, []).append(bench.nblocks * bench.bs / dt / 1e9)
-        for c in cases.values():
-            c.run.tier.shutdown()
-    finally:
-        bench.close()
-        shutil.rmtree(os.path.join(root, "fs-load"), ignore_errors=True)
-        shutil.rmtree(kv_dir, ignore_errors=True)
+    """Restores of the given tiers with no load and under each GIL duty cycle, interleaved per round
+    (the cases' order reversed every other round)."""
+    seen: dict[str, dict[str, list[float]]] = {}
+    for r in range(rounds):
+        for hold, idle in [(0.0, 0.0), *loads]:
+            name = f"{hold:g}/{idle:g}" if hold else "none"
+            for t, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
+                drop_caches()
+                with EngineLoad(hold, idle) if hold else contextlib.nullcontext():
+                    dt, _ = bench.restore(c.run)
+                seen.setdefault(name, {}).setdefault(t, []).append(bench.nblocks * bench.bs / dt / 1e9)
+    out: dict = {"block_kib": bench.bs // KiB, "rounds": rounds, "loads": {}}
     for name, per in seen.items():
         row = {t: float(np.median(g)) for t, g in per.items()}
         row["rounds"] = per
@@ -613,11 +611,16 @@ def summarize(r: dict) -> dict:
         s["restore_speedup_vs_fs_8drives"] = e["restore_speedup"]
         s["fs_1drive_restore_gbps_8drive_testbed"] = e["fs_1_drive"]["restore_gbps"]
         s["kvswarm_8drives_restore_gbps"] = e["kvswarm_8_drives"]["restore_gbps"]
-    for name, row in (r.get("engine_load") or {}).get("loads", {}).items():
+    for name, row in _engine_load(r).get("loads", {}).items():
         k = name.replace("/", "of")
         s[f"engine_load_{k}_fs_restore_gbps"], s[f"engine_load_{k}_kvswarm_restore_gbps"] = row["fs"], row["kvswarm"]
         s[f"engine_load_{k}_restore_speedup_vs_fs"] = row["kv_vs_fs"]
     return s
+
+
+def _engine_load(r: dict) -> dict:
+    """Part 4's figures (measured with the first block size's tiers), or {} when it was skipped."""
+    return next((row["engine_load"] for row in r["one_drive"] if "engine_load" in row), {})
 
 
 def report(r: dict, console) -> None:
@@ -650,8 +653,10 @@ def report(r: dict, console) -> None:
                       f"({rs['kvswarm']['device_reads']} reads): x{r['summary']['restart_lookup_speedup_vs_fs']:.1f}")
     if e:
         console.print(f"eight drives: {e['testbed']['emulation']} emulation, caps {e['testbed']['caps']}")
-    for name, row in (r.get("engine_load") or {}).get("loads", {}).items():
-        console.print(f"engine load {name} (ms holding the GIL / ms idle): restore fs {row['fs']:.2f}, kvswarm "
+    el = _engine_load(r)
+    for name, row in el.get("loads", {}).items():
+        console.print(f"engine load {name} (ms holding the GIL / ms idle), {el['block_kib']} KiB: restore fs "
+                      f"{row['fs']:.2f}, kvswarm "
                       f"{row['kvswarm']:.2f} GB/s: x{row['kv_vs_fs']:.2f}")
     console.print("kvswarm stores are durable (fdatasync + catalog sync before a store job is reported); "
                   "vLLM's fs tier does not fsync.")
@@ -664,7 +669,7 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = r["one_drive"]
-    loads = (r.get("engine_load") or {}).get("loads", {})
+    loads = _engine_load(r).get("loads", {})
     fig, ax = plt.subplots(1, 3 if loads else 2, figsize=(16 if loads else 11, 4))
     x = np.arange(len(rows))
     for j, (name, get) in enumerate((("raw O_DIRECT", lambda w: w["raw"]["gbps"]),
@@ -686,7 +691,7 @@ def plot(r: dict, path: str) -> None:
             ax[2].bar(x + (j - 0.5) * 0.35, [row[t] for row in loads.values()], 0.35, label=label, color=f"C{j + 2}")
         ax[2].set_xticks(x, [f"{n} ms" if n != "none" else "no load" for n in loads])
         ax[2].set_xlabel("engine thread: ms holding the GIL / ms idle")
-        ax[2].set_ylabel("restore GB/s, 256 KiB (one drive)")
+        ax[2].set_ylabel(f"restore GB/s, {_engine_load(r)['block_kib']} KiB (one drive)")
         ax[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
