@@ -1,6 +1,7 @@
 """The build's one step beyond pyproject.toml: the native verify worker (src/kvswarm/native/verify.c,
 with xxHash's own header vendored beside it), kept here because setuptools' pyproject form of
-ext-modules is still experimental."""
+ext-modules is still experimental.  Optional: without a C compiler the install goes on and the store
+verifies in Python (kvswarm.store.verify_submit is None; the vLLM tier logs it)."""
 
 from setuptools import Extension, setup
 
@@ -10,4 +11,5 @@ setup(ext_modules=[Extension(
     include_dirs=["src/kvswarm/native"],
     depends=["src/kvswarm/native/xxhash.h"],
     extra_compile_args=["-O3"],
+    optional=True,
 )])

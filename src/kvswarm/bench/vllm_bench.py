@@ -683,7 +683,7 @@ def plot(r: dict, path: str) -> None:
     e = r["eight_drives"]
     if e:
         ax[1].bar(["vLLM fs, 1 drive", "kvswarm, 8 drives"],
-                  [e["fs_1_drive"]["restore_gbps"], e["kvswarm_8_drives"]["restore_gbps"]], color=["C1", "C2"])
+                  [e["fs_1_drive"]["restore_gbps"], e["kvswarm_8_drives"]["restore_gbps"]], color=["C2", "C3"])
         ax[1].set_ylabel("restore GB/s (throttled loop drives)")
     if loads:
         x = np.arange(len(loads))

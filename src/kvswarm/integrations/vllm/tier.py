@@ -40,7 +40,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
-from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig
+from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
 from kvswarm.tiers.eviction import make_eviction
 
 # Enum members as module constants: ``LookupResult.HIT`` costs a class-attribute lookup (~0.1 us)
@@ -282,6 +282,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         # Jobs queue meanwhile; lookups never wait for it.
         if not self.store.pool.populate():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
+        if verify_submit is None:
+            log.warning("kvswarm tier: kvswarm._verify was not built (no C compiler at install): payloads are "
+                        "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
         active: list[_Job] = []
         unflushed: list[_Job] = []
         while True:
