@@ -44,3 +44,17 @@ def test_raw_delivery_reference_lands_every_block_in_its_chunk(tmp_path):
         case.run.tier.shutdown()
     finally:
         bench.close()
+
+
+def test_engine_load_argument_is_checked():
+    import argparse
+
+    import pytest
+
+    from kvswarm.bench.vllm_bench import engine_loads
+
+    assert engine_loads("1/1,3/0.5") == [(1.0, 1.0), (3.0, 0.5)]
+    assert engine_loads("") == []
+    for bad in ("3-1", "0/1", "1/-1", "a/b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            engine_loads(bad)

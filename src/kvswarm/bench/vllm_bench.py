@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,9 +61,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
-    p.add_argument("--engine-load", default="1/1,3/1", metavar="HOLD/IDLE,...",
+    p.add_argument("--engine-load", type=engine_loads, default="1/1,3/1", metavar="HOLD/IDLE,...",
                    help="GIL duty cycles of the emulated engine thread, ms held / ms idle, measured at the first "
                         "block size ('' to skip)")
+
+
+def engine_loads(text: str) -> list[tuple[float, float]]:
+    """``--engine-load``: comma-separated HOLD/IDLE pairs of milliseconds, HOLD > 0 and IDLE >= 0."""
+    out = []
+    for item in filter(None, text.split(",")):
+        try:
+            hold, idle = (float(x) for x in item.split("/"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not HOLD/IDLE (milliseconds, e.g. 3/1)") from None
+        if hold <= 0 or idle < 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: HOLD must be > 0 and IDLE >= 0")
+        out.append((hold, idle))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,12 +96,11 @@ def run(args: argparse.Namespace) -> int:
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
                      "request_blocks": REQUEST_BLOCKS, "rounds": rounds, "one_drive": [], "restart": None,
                      "eight_drives": None}
-    loads = [tuple(float(x) for x in p.split("/")) for p in args.engine_load.split(",") if p]
     try:
         for size in sizes:
             console.print(f"[bold]one drive, same disk: {size // KiB} KiB blocks, {restore // MiB} MiB[/bold]")
             results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, rounds, console,
-                                                  loads if size == sizes[0] else [], tb_rounds))
+                                                  args.engine_load if size == sizes[0] else [], tb_rounds))
         console.print(f"[bold]restart: cold lookup of {lookups} blocks[/bold]")
         results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
         if not args.no_testbed:
@@ -378,7 +391,7 @@ class RawCeiling:
 
 
 def one_drive(root: str, size: int, total: int, backend: str, rounds: int, console,
-              loads: list[tuple[float, float]] = (), load_rounds: int = 3) -> dict:
+              loads: Sequence[tuple[float, float]] = (), load_rounds: int = 3) -> dict:
     bench = Bench(layout_for(size), max(REQUEST_BLOCKS, total // size))
     out = {"block_kib": size // KiB, "blocks": bench.nblocks, "rounds": rounds}
     kv_dir = os.path.join(root, f"kv-{size}")
@@ -560,7 +573,7 @@ class EngineLoad:
         self._thread.join()
 
 
-def engine_load(bench: Bench, cases: dict[str, TierCase], loads: list[tuple[float, float]], rounds: int,
+def engine_load(bench: Bench, cases: dict[str, TierCase], loads: Sequence[tuple[float, float]], rounds: int,
                 console) -> dict:
     """Restores of the given tiers with no load and under each GIL duty cycle, interleaved per round
     (the cases' order reversed every other round)."""
@@ -656,8 +669,7 @@ def report(r: dict, console) -> None:
     el = _engine_load(r)
     for name, row in el.get("loads", {}).items():
         console.print(f"engine load {name} (ms holding the GIL / ms idle), {el['block_kib']} KiB: restore fs "
-                      f"{row['fs']:.2f}, kvswarm "
-                      f"{row['kvswarm']:.2f} GB/s: x{row['kv_vs_fs']:.2f}")
+                      f"{row['fs']:.2f}, kvswarm {row['kvswarm']:.2f} GB/s: x{row['kv_vs_fs']:.2f}")
     console.print("kvswarm stores are durable (fdatasync + catalog sync before a store job is reported); "
                   "vLLM's fs tier does not fsync.")
 
@@ -669,7 +681,8 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = r["one_drive"]
-    loads = _engine_load(r).get("loads", {})
+    el = _engine_load(r)
+    loads = el.get("loads", {})
     fig, ax = plt.subplots(1, 3 if loads else 2, figsize=(16 if loads else 11, 4))
     x = np.arange(len(rows))
     for j, (name, get) in enumerate((("raw O_DIRECT", lambda w: w["raw"]["gbps"]),
@@ -691,7 +704,7 @@ def plot(r: dict, path: str) -> None:
             ax[2].bar(x + (j - 0.5) * 0.35, [row[t] for row in loads.values()], 0.35, label=label, color=f"C{j + 2}")
         ax[2].set_xticks(x, [f"{n} ms" if n != "none" else "no load" for n in loads])
         ax[2].set_xlabel("engine thread: ms holding the GIL / ms idle")
-        ax[2].set_ylabel(f"restore GB/s, {_engine_load(r)['block_kib']} KiB (one drive)")
+        ax[2].set_ylabel(f"restore GB/s, {el['block_kib']} KiB (one drive)")
         ax[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
