@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import xxhash
-from kvswarm._verify import submit
+from kvswarm._verify import drain, submit
 
 L, SPAN = 8192, 12288
 
@@ -69,7 +69,7 @@ def test_bad_input_raises_before_anything_runs(case):
     assert all(b == bytearray(L) for b in into if isinstance(b, bytearray) and len(b) == L)
 
 
-def test_many_jobs_finish_in_order_and_wait_times_out_only_when_unfinished():
+def test_many_jobs_finish_in_order_and_drain_waits_for_all():
     src, offs, lens, sums = _batch(n=64, seed=1)
     oks = [np.ones(len(offs), np.uint8) for _ in range(20)]
     jobs = [submit(src, offs, lens, sums, ok, None) for ok in oks]
@@ -77,6 +77,9 @@ def test_many_jobs_finish_in_order_and_wait_times_out_only_when_unfinished():
     assert all(j.done for j in jobs)  # one worker, first in first out
     assert all(ok.all() for ok in oks)
     assert jobs[0].wait(0.0) is True
+    more = [submit(src, offs, lens, sums, np.ones(len(offs), np.uint8), None) for _ in range(5)]
+    drain()
+    assert all(j.done for j in more)
 
 
 def test_a_forked_child_verifies_with_a_worker_of_its_own():

@@ -8,6 +8,7 @@ is a counted miss, never data.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import logging
@@ -49,7 +50,10 @@ from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, PlacementStrategy, make_placement
 
 try:  # the native verify-and-copy worker (kvswarm/native/verify.c), where the build compiled it
+    from kvswarm._verify import drain as _drain_verify
     from kvswarm._verify import submit as verify_submit
+
+    atexit.register(_drain_verify)  # no job may still be reading the pool while the interpreter frees it
 except ImportError:
     verify_submit = None
 

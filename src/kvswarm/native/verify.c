@@ -263,8 +263,22 @@ fail:
     return NULL;
 }
 
+static PyObject *drain(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&mu);
+    while (head != NULL || running != NULL) pthread_cond_wait(&finished, &mu);
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"submit", submit, METH_VARARGS, submit_doc},
+    {"drain", drain, METH_NOARGS,
+     "drain(): wait until every job handed over so far is finished (run at exit: the worker must not touch "
+     "memory the interpreter is tearing down)"},
     {NULL, NULL, 0, NULL},
 };
 
