@@ -69,17 +69,40 @@ def test_bad_input_raises_before_anything_runs(case):
     assert all(b == bytearray(L) for b in into if isinstance(b, bytearray) and len(b) == L)
 
 
-def test_many_jobs_finish_in_order_and_drain_waits_for_all():
+def test_many_jobs_all_finish_and_drain_waits_for_all():
     src, offs, lens, sums = _batch(n=64, seed=1)
     oks = [np.ones(len(offs), np.uint8) for _ in range(20)]
     jobs = [submit(src, offs, lens, sums, ok, None) for ok in oks]
-    assert jobs[-1].wait(10.0)
-    assert all(j.done for j in jobs)  # one worker, first in first out
+    assert all(j.wait(10.0) for j in jobs)
     assert all(ok.all() for ok in oks)
-    assert jobs[0].wait(0.0) is True
+    assert jobs[0].wait(0.0) is True  # finished: returns at once
     more = [submit(src, offs, lens, sums, np.ones(len(offs), np.uint8), None) for _ in range(5)]
     drain()
     assert all(j.done for j in more)
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_any_number_of_workers_gives_the_same_outcome(threads):
+    """KVSWARM_VERIFY_THREADS sets the workers of a fresh process; jobs may then finish out of order."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, xxhash\n"
+        "from kvswarm._verify import submit, drain\n"
+        "rng = np.random.default_rng(3); src = rng.integers(0, 256, 40 * 12288, np.uint8)\n"
+        "offs = np.arange(40, dtype=np.int64) * 12288; lens = np.full(40, 8192, np.int64)\n"
+        "sums = np.array([xxhash.xxh3_64_intdigest(src[o:o + 8192]) for o in offs], np.uint64); sums[::7] ^= 1\n"
+        "oks = [np.ones(40, np.uint8) for _ in range(30)]\n"
+        "dst = [[bytearray(8192) for _ in range(40)] for _ in oks]\n"
+        "jobs = [submit(src, offs, lens, sums, ok, [memoryview(b) for b in d]) for ok, d in zip(oks, dst)]\n"
+        "drain()\n"
+        "want = [i % 7 != 0 for i in range(40)]\n"
+        "assert all(j.done for j in jobs) and all(ok.astype(bool).tolist() == want for ok in oks)\n"
+        "assert all(bytes(d[i]) == src[offs[i]:offs[i] + 8192].tobytes() for d in dst for i in range(40) if want[i])\n"
+    )
+    env = dict(os.environ, KVSWARM_VERIFY_THREADS=threads)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 
 
 def test_a_forked_child_verifies_with_a_worker_of_its_own():
