@@ -1,7 +1,7 @@
 /* kvswarm._verify: verify a read batch's payloads and copy the good ones into the caller's
- * buffers, on a native worker thread that never takes the GIL.
+ * buffers, on native worker threads that never take the GIL.
  *
- * Why native, and why a thread of its own: per payload, xxhash and numpy each release and retake
+ * Why native, and why threads of its own: per payload, xxhash and numpy each release and retake
  * the GIL.  When another thread holds the GIL most of the time (vLLM's scheduler loop, in the
  * process that runs the offloading tiers), every retake waits for it, and a store thread that
  * verified 256 KiB payloads one by one fell to half the speed of vLLM's own file tier.  Here the
@@ -81,8 +81,8 @@ static int wanted_workers(void) {
     return n < 1 ? 1 : n > MAX_WORKERS ? MAX_WORKERS : (int)n;
 }
 
-/* A child of fork() has no worker thread: jobs it inherited never ran there, so they fail
- * (verification failed is a miss, never wrong data) and a new worker starts on first use. */
+/* A child of fork() has no worker threads: jobs it inherited never ran there, so they fail
+ * (verification failed is a miss, never wrong data) and new workers start on first use. */
 static void fail_unrun(Job *j) {
     memset(j->ok.buf, 0, (size_t)j->n);
     j->state = 1;
