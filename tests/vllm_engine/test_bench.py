@@ -10,17 +10,19 @@ from kvswarm.bench.vllm_bench import main
 def test_bench_vllm_runs_and_reports(tmp_path):
     out = tmp_path / "vllm.json"
     rc = main(["--block-sizes", "64", "--restore-mib", "4", "--lookup-blocks", "128",
-               "--rounds", "1", "--no-testbed", "--dir", str(tmp_path), "--json", str(out)])
+               "--rounds", "1", "--fresh-rounds", "1", "--no-testbed", "--dir", str(tmp_path), "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
     s = r["summary"]
     for key in ("restore_ratio_vs_raw_64k", "raw_gbps_64k", "fs_restore_gbps_64k", "kvswarm_restore_gbps_64k",
                 "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs",
                 "engine_load_none_restore_speedup_vs_fs", "engine_load_1of1_kvswarm_restore_gbps",
-                "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs"):
+                "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs",
+                "restart_lookup_fresh_process_speedup_vs_fs"):
         assert s[key] > 0, key
     assert set(r["one_drive"][0]["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128
+    assert r["restart"]["kvswarm"]["fresh_process"]["hits"] == r["restart"]["fs"]["fresh_process"]["hits"] == 128
     assert (tmp_path / "vllm.png").stat().st_size > 0
 
 

@@ -13,7 +13,7 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
    in vLLM's primary region.
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
-   counted from /proc/diskstats.
+   counted from /proc/diskstats; in this process, and in fresh ones.
 3. Eight drives on kernel-throttled loop devices (``kvswarm.testbed``), equal caps per
    drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root) vs
    kvswarm striped over all eight.
@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-sizes", default=None, help="comma-separated KiB per block (default 256,2048)")
     p.add_argument("--restore-mib", type=int, default=None, help="MiB restored per block size")
     p.add_argument("--lookup-blocks", type=int, default=None, help="blocks looked up after a restart")
+    p.add_argument("--fresh-rounds", type=int, default=3,
+                   help="restarts in fresh processes, besides the in-process ones (0 to skip)")
     p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
     p.add_argument("--rounds", type=int, default=None,
                    help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             results["one_drive"].append(one_drive(root, size, restore, args.kv_backend, rounds, console,
                                                   args.engine_load if size == sizes[0] else [], tb_rounds))
         console.print(f"[bold]restart: cold lookup of {lookups} blocks[/bold]")
-        results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console)
+        results["restart"] = restart_lookup(root, lookups, args.kv_backend, rounds, console, args.fresh_rounds)
         if not args.no_testbed:
             console.print("[bold]eight drives (kernel-throttled loop devices)[/bold]")
             results["eight_drives"] = eight_drives(256 * KiB, (256 if quick else 1024) * MiB, args.kv_backend,
@@ -441,8 +443,10 @@ def disk_reads() -> int:
     return total
 
 
-def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dict:
+def restart_lookup(root: str, n: int, backend: str, rounds: int, console, fresh_rounds: int = 3) -> dict:
     """Store ``n`` blocks in each tier, then per round: drop caches, open a new tier, look every block up.
+    The same again in ``fresh_rounds`` fresh processes (:func:`fresh_process_lookup`), where nothing
+    of an earlier tier is left in memory.
 
     Device reads are counted machine-wide (/proc/diskstats): on a shared machine others' reads count too.
     """
@@ -469,6 +473,7 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dic
                 catalog_s = getattr(getattr(run.tier, "store", None), "reopen_seconds", None)
                 run.tier.shutdown()
                 samples[name].append((dt, reads, sum(r.name == "HIT" for r in found), catalog_s, t1 - t0))
+        fresh = {name: [fresh_process_lookup(cfg, n) for _ in range(fresh_rounds)] for name, cfg in configs.items()}
     finally:
         bench.close()
         shutil.rmtree(kv_dir, ignore_errors=True)
@@ -480,7 +485,48 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console) -> dic
                      "catalog_load_s": catalog_s, "open_s": open_s}
         console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median; opening the tier "
                       f"{open_s * 1e3:.0f} ms of it), {reads} device reads, {hits} hits")
+        if fresh[name]:
+            f = sorted(fresh[name], key=lambda x: x["seconds"])[len(fresh[name]) // 2]
+            out[name]["fresh_process"] = {**f, "seconds_rounds": [x["seconds"] for x in fresh[name]]}
+            console.print(f"    in a fresh process: {f['seconds'] * 1e3:.0f} ms (median of {len(fresh[name])}; opening "
+                          f"{f['open_s'] * 1e3:.0f} ms), {f['device_reads']} device reads, {f['hits']} hits")
     return out
+
+
+_FRESH_CHILD = """
+import json, sys
+from kvswarm.bench.vllm_bench import _fresh_child
+print(json.dumps(_fresh_child(json.loads(sys.argv[1]), int(sys.argv[2]))))
+"""
+
+
+def fresh_process_lookup(config: dict, n: int) -> dict:
+    """A restart for real: a new interpreter opens the tier and looks the ``n`` blocks up.  The
+    tiers' modules are imported before the page cache is dropped and the clock starts, as an engine
+    imports them at start-up, long before its first lookup."""
+    out = subprocess.run([sys.executable, "-c", _FRESH_CHILD, json.dumps(config), str(n)], capture_output=True,
+                         text=True, check=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh_child(config: dict, n: int) -> dict:
+    import vllm.v1.kv_offload.tiering.fs.manager  # noqa: F401 - imported at start-up, as above
+
+    import kvswarm.integrations.vllm.tier  # noqa: F401
+
+    bench = Bench(layout_for(4 * KiB), n)
+    try:
+        drop_caches()
+        r0, t0 = disk_reads(), time.perf_counter()
+        run = bench.open(config)
+        t1 = time.perf_counter()
+        found = run.lookup(bench.keys)
+        dt = time.perf_counter() - t0
+        reads = disk_reads() - r0
+        run.tier.shutdown()
+    finally:
+        bench.close()
+    return {"seconds": dt, "open_s": t1 - t0, "device_reads": reads, "hits": sum(r.name == "HIT" for r in found)}
 
 
 # ---- 3. eight drives ---------------------------------------------------------------------------
@@ -619,6 +665,10 @@ def summarize(r: dict) -> dict:
         s["restart_lookup_fs_s"], s["restart_lookup_kvswarm_s"] = rs["fs"]["seconds"], rs["kvswarm"]["seconds"]
         s["restart_device_reads_fs"] = rs["fs"]["device_reads"]
         s["restart_device_reads_kvswarm"] = rs["kvswarm"]["device_reads"]
+        if "fresh_process" in rs["kvswarm"]:
+            f, k = rs["fs"]["fresh_process"]["seconds"], rs["kvswarm"]["fresh_process"]["seconds"]
+            s["restart_lookup_fresh_process_fs_s"], s["restart_lookup_fresh_process_kvswarm_s"] = f, k
+            s["restart_lookup_fresh_process_speedup_vs_fs"] = f / k
     e = r["eight_drives"]
     if e:
         s["restore_speedup_vs_fs_8drives"] = e["restore_speedup"]
@@ -664,6 +714,11 @@ def report(r: dict, console) -> None:
         console.print(f"restart, {rs['blocks']} blocks: fs {rs['fs']['seconds'] * 1e3:.0f} ms "
                       f"({rs['fs']['device_reads']} device reads), kvswarm {rs['kvswarm']['seconds'] * 1e3:.0f} ms "
                       f"({rs['kvswarm']['device_reads']} reads): x{r['summary']['restart_lookup_speedup_vs_fs']:.1f}")
+        if "restart_lookup_fresh_process_speedup_vs_fs" in r["summary"]:
+            sm = r["summary"]
+            console.print(f"restart in fresh processes: fs {sm['restart_lookup_fresh_process_fs_s'] * 1e3:.0f} ms, "
+                          f"kvswarm {sm['restart_lookup_fresh_process_kvswarm_s'] * 1e3:.0f} ms: "
+                          f"x{sm['restart_lookup_fresh_process_speedup_vs_fs']:.1f}")
     if e:
         console.print(f"eight drives: {e['testbed']['emulation']} emulation, caps {e['testbed']['caps']}")
     el = _engine_load(r)
