@@ -455,24 +455,15 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console, fresh_
     os.makedirs(kv_dir)
     configs = {"fs": fs_config(os.path.join(root, "fs-lookup")),
                "kvswarm": kv_config([kv_dir], backend, n * 8 * KiB + 64 * MiB)}
-    samples: dict[str, list[tuple]] = {name: [] for name in configs}
     try:
         for cfg in configs.values():
             run = bench.open(cfg)
             bench.store(run)
             run.tier.shutdown()
+        samples: dict[str, list[dict]] = {name: [] for name in configs}
         for _ in range(rounds):
             for name, cfg in configs.items():
-                drop_caches()
-                r0, t0 = disk_reads(), time.perf_counter()
-                run = bench.open(cfg)  # the restarted engine's tier
-                t1 = time.perf_counter()
-                found = run.lookup(bench.keys)
-                dt = time.perf_counter() - t0
-                reads = disk_reads() - r0
-                catalog_s = getattr(getattr(run.tier, "store", None), "reopen_seconds", None)
-                run.tier.shutdown()
-                samples[name].append((dt, reads, sum(r.name == "HIT" for r in found), catalog_s, t1 - t0))
+                samples[name].append(timed_restart(bench, cfg))
         fresh = {name: [fresh_process_lookup(cfg, n) for _ in range(fresh_rounds)] for name, cfg in configs.items()}
     finally:
         bench.close()
@@ -480,17 +471,34 @@ def restart_lookup(root: str, n: int, backend: str, rounds: int, console, fresh_
         shutil.rmtree(os.path.join(root, "fs-lookup"), ignore_errors=True)
     out: dict = {"blocks": n, "rounds": rounds}
     for name, xs in samples.items():
-        dt, reads, hits, catalog_s, open_s = sorted(xs, key=lambda x: x[0])[len(xs) // 2]  # the median round
-        out[name] = {"seconds": dt, "device_reads": reads, "hits": hits, "seconds_rounds": [x[0] for x in xs],
-                     "catalog_load_s": catalog_s, "open_s": open_s}
-        console.print(f"  {name}: {n} lookups after restart in {dt * 1e3:.0f} ms (median; opening the tier "
-                      f"{open_s * 1e3:.0f} ms of it), {reads} device reads, {hits} hits")
+        out[name] = m = _median_round(xs)
+        console.print(f"  {name}: {n} lookups after restart in {m['seconds'] * 1e3:.0f} ms (median; opening the tier "
+                      f"{m['open_s'] * 1e3:.0f} ms of it), {m['device_reads']} device reads, {m['hits']} hits")
         if fresh[name]:
-            f = sorted(fresh[name], key=lambda x: x["seconds"])[len(fresh[name]) // 2]
-            out[name]["fresh_process"] = {**f, "seconds_rounds": [x["seconds"] for x in fresh[name]]}
+            out[name]["fresh_process"] = f = _median_round(fresh[name])
             console.print(f"    in a fresh process: {f['seconds'] * 1e3:.0f} ms (median of {len(fresh[name])}; opening "
                           f"{f['open_s'] * 1e3:.0f} ms), {f['device_reads']} device reads, {f['hits']} hits")
     return out
+
+
+def timed_restart(bench: Bench, config: dict) -> dict:
+    """Drop the page cache, open a new tier (the restarted engine's) and look every block up."""
+    drop_caches()
+    r0, t0 = disk_reads(), time.perf_counter()
+    run = bench.open(config)
+    t1 = time.perf_counter()
+    found = run.lookup(bench.keys)
+    dt = time.perf_counter() - t0
+    reads = disk_reads() - r0
+    catalog_s = getattr(getattr(run.tier, "store", None), "reopen_seconds", None)
+    run.tier.shutdown()
+    return {"seconds": dt, "open_s": t1 - t0, "device_reads": reads, "hits": sum(r.name == "HIT" for r in found),
+            "catalog_load_s": catalog_s}
+
+
+def _median_round(xs: list[dict]) -> dict:
+    """The round with the median time, and every round's time."""
+    return {**sorted(xs, key=lambda x: x["seconds"])[len(xs) // 2], "seconds_rounds": [x["seconds"] for x in xs]}
 
 
 _FRESH_CHILD = """
@@ -516,17 +524,9 @@ def _fresh_child(config: dict, n: int) -> dict:
 
     bench = Bench(layout_for(4 * KiB), n)
     try:
-        drop_caches()
-        r0, t0 = disk_reads(), time.perf_counter()
-        run = bench.open(config)
-        t1 = time.perf_counter()
-        found = run.lookup(bench.keys)
-        dt = time.perf_counter() - t0
-        reads = disk_reads() - r0
-        run.tier.shutdown()
+        return timed_restart(bench, config)
     finally:
         bench.close()
-    return {"seconds": dt, "open_s": t1 - t0, "device_reads": reads, "hits": sum(r.name == "HIT" for r in found)}
 
 
 # ---- 3. eight drives ---------------------------------------------------------------------------

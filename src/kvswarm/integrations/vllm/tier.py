@@ -279,7 +279,7 @@ class KVSwarmTierManager(SecondaryTierManager):
     def _run(self) -> None:
         # Fault the buffer pool in before serving, not in the first jobs: a fresh tier's first stores
         # spread over the whole pool (0.24 vs 1.8-1.9 GB/s once resident, see BufferPool.populate).
-        # Jobs queue meanwhile; lookups never wait for it.
+        # Jobs queue meanwhile; a lookup waits at most for one huge page to fault in (see populate).
         if not self.store.pool.populate():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
         if verify_submit is None:
