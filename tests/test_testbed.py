@@ -106,8 +106,8 @@ def test_kernel_testbed_builds_caps_and_tears_down_loop_devices():
         with open(os.path.join(group, "cgroup.procs")) as f:
             assert str(os.getpid()) in f.read().split()
         checks = tb.verify(seconds=0.6, write=True)
-        for c in checks:  # blk-throttle lets a short first burst through; the floor is loose for busy CI
-            assert 0.5 <= c.ratio <= 1.3, c
+        for c in checks:  # verify() spends blk-throttle's first burst unmeasured; the floor is loose for busy CI
+            assert 0.5 <= c.ratio <= 1.2, c
     assert not os.path.exists(group) and not os.path.exists(root)
     assert not set(devs) & {d for d, b in _loop_backing_files().items() if b.startswith(root)}
     assert _my_blkio_group() == home
