@@ -39,6 +39,26 @@ def test_good_payloads_are_copied_bad_ones_left_alone():
             m.release()
 
 
+def test_a_tuple_of_buffers_receives_the_payload_scattered_in_order():
+    src, offs, lens, sums = _batch(n=3)
+    sums[2] ^= 1
+    runs = [[bytearray(b"\x5a" * n) for n in (4096, 1000, 3096)] for _ in offs]
+    ok = np.ones(len(offs), np.uint8)
+    assert submit(src, offs, lens, sums, ok, [tuple(memoryview(r) for r in page) for page in runs]).wait()
+    assert ok.tolist() == [1, 1, 0]
+    for i in (0, 1):
+        assert b"".join(runs[i]) == src[offs[i]:offs[i] + L].tobytes()
+    assert all(r == b"\x5a" * len(r) for r in runs[2])  # a bad payload is scattered nowhere
+
+
+@pytest.mark.parametrize("runs", [(4096, 4095), (4096, 4097), ()])
+def test_runs_that_do_not_add_up_to_the_payload_raise(runs):
+    src, offs, lens, sums = _batch(n=2)
+    into = [None, tuple(bytearray(n) for n in runs)]
+    with pytest.raises(ValueError, match="buffer 1"):
+        submit(src, offs, lens, sums, np.ones(2, np.uint8), into)
+
+
 def test_verify_only_and_empty_batches():
     src, offs, lens, sums = _batch()
     ok = np.ones(len(offs), np.uint8)

@@ -196,7 +196,7 @@ class _Check:
     single: bool  # one extent per object
     at: np.ndarray  # per extent: where its payload lies in the pool
     payloads: list[memoryview]
-    dst: list[memoryview | None] | None  # the buffers the worker copies verified payloads into
+    dst: list[Dest | None] | None  # the buffers the worker copies verified payloads into
     job: object | None  # kvswarm._verify.Job
 
     @property
@@ -210,22 +210,36 @@ class _Reads:
     buffers that verified payloads are copied into."""
 
     starts: np.ndarray
-    into: list[memoryview | None] | None = None  # per located object, the caller's buffer
+    into: list[Dest | None] | None = None  # per located object, the caller's buffer (or runs)
 
 
-def _sized(into: list[memoryview | None], lengths: np.ndarray) -> list[memoryview | None]:
+Dest = memoryview | tuple[memoryview, ...]  # one buffer, or runs a payload is scattered over in order
+
+
+def _dest(obj: object) -> Dest:
+    if isinstance(obj, tuple):
+        return tuple(memoryview(b).cast("B") for b in obj)
+    return memoryview(obj).cast("B")
+
+
+def _dest_len(d: Dest) -> int:
+    return sum(map(len, d)) if isinstance(d, tuple) else len(d)
+
+
+def _sized(into: list[Dest | None], lengths: np.ndarray) -> list[Dest | None]:
     """The caller's buffers that fit their payloads exactly; None for the others."""
-    return [b if b is not None and len(b) == n else None for b, n in zip(into, lengths.tolist())]
+    return [b if b is not None and _dest_len(b) == n else None for b, n in zip(into, lengths.tolist())]
 
 
-def _hand_over(views: list, found: list[int], good: list[int], into: list[memoryview | None],
-               dst: list[memoryview | None]) -> int:
-    """Point verified hits at the buffers the native pass copied them into; returns how many
-    hits become misses because their buffer's length differs."""
+def _hand_over(views: list, found: list[int], good: list[int], into: list[Dest | None],
+               dst: list[Dest | None]) -> int:
+    """Point verified hits at the buffers the native pass copied them into (a scattered hit keeps
+    its pool view); returns how many hits become misses because their buffer's length differs."""
     lost = 0
     for i in good:
         if dst[i] is not None:
-            views[found[i]] = dst[i]
+            if not isinstance(dst[i], tuple):
+                views[found[i]] = dst[i]
         elif into[i] is not None:
             views[found[i]] = None
             lost += 1
@@ -471,7 +485,9 @@ class KVStore:
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
         that object's payload, copied there once verified (by a copy that releases the GIL); the
-        result's views are then those buffers.  The extents are read into the buffer pool, not
+        result's views are then those buffers.  A tuple of buffers whose lengths add up to the
+        object's receives it scattered over them in order (an engine's page in per-layer runs);
+        that hit's view stays the verified payload in the pool.  The extents are read into the buffer pool, not
         into the caller's memory: on this test machine O_DIRECT reads straight into 4 KiB-page
         shared memory (vLLM's primary tier) restored 5-12% slower than pool reads plus a copy (see
         docs/testbed.md).  On a miss the buffer is left as it was; an object whose length differs
@@ -488,7 +504,7 @@ class KVStore:
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            bufs_in = [None if into[i] is None else memoryview(into[i]).cast("B") for i in found]
+            bufs_in = [None if into[i] is None else _dest(into[i]) for i in found]
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = _Reads(starts, bufs_in)
         lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
@@ -613,7 +629,7 @@ class KVStore:
         return GetResult(keys, views, lease, n - hits, corrupt)
 
     @staticmethod
-    def _copy_into(views: list, found: list[int], good: list[int], into: list[memoryview | None]) -> int:
+    def _copy_into(views: list, found: list[int], good: list[int], into: list[Dest | None]) -> int:
         """Hand verified payloads over in the caller's buffers; returns how many hits become
         misses because their buffer's length differs."""
         lost = 0
@@ -621,12 +637,17 @@ class KVStore:
             buf, v = into[i], views[found[i]]
             if buf is None:
                 continue
-            if len(buf) == len(v):
-                np.copyto(np.frombuffer(buf, np.uint8), np.frombuffer(v, np.uint8))  # releases the GIL
-                views[found[i]] = buf
-            else:
+            if _dest_len(buf) != len(v):
                 views[found[i]] = None
                 lost += 1
+            elif isinstance(buf, tuple):  # scattered: the hit's view stays its payload in the pool
+                at = 0
+                for run in buf:
+                    np.copyto(np.frombuffer(run, np.uint8), np.frombuffer(v[at:at + len(run)], np.uint8))
+                    at += len(run)
+            else:
+                np.copyto(np.frombuffer(buf, np.uint8), np.frombuffer(v, np.uint8))  # releases the GIL
+                views[found[i]] = buf
         return lost
 
     def _join_in_place(self, lease: Lease, spans: list[tuple[int, int]]) -> memoryview:

@@ -25,8 +25,9 @@
 typedef struct Job {
     PyObject_HEAD
     Py_buffer src, off, len, sum, ok;
-    Py_buffer *dst; /* per payload; .obj NULL where there is no buffer to copy into */
-    Py_ssize_t n, ndst;
+    Py_buffer *dst; /* every destination buffer, payload by payload */
+    Py_ssize_t *first; /* per payload i: its buffers are dst[first[i]] .. dst[first[i + 1] - 1] */
+    Py_ssize_t n, ndst; /* payloads; destination buffers held */
     int held;       /* how many of src, ok, off, len, sum are held */
     int queued;     /* handed to the worker: freeing it must wait until it is finished */
     int state;      /* 0 queued or running, 1 finished; written by the worker (atomics) */
@@ -50,7 +51,11 @@ static void run(Job *j) {
         if (!good[i]) continue;
         const char *p = base + o[i];
         if (XXH3_64bits(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
-        if (j->dst != NULL && j->dst[i].obj != NULL) memcpy(j->dst[i].buf, p, (size_t)l[i]);
+        if (j->first == NULL) continue;
+        for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
+            memcpy(j->dst[s].buf, p, (size_t)j->dst[s].len);
+            p += j->dst[s].len;
+        }
     }
 }
 
@@ -124,12 +129,12 @@ static int wait_job(Job *j, double timeout) {
 }
 
 static void job_release(Job *j) {
-    if (j->dst != NULL) {
-        for (Py_ssize_t i = 0; i < j->ndst; i++)
-            if (j->dst[i].obj != NULL) PyBuffer_Release(&j->dst[i]);
-        PyMem_Free(j->dst);
-        j->dst = NULL;
-    }
+    for (Py_ssize_t s = 0; s < j->ndst; s++) PyBuffer_Release(&j->dst[s]);
+    j->ndst = 0;
+    PyMem_Free(j->dst);
+    PyMem_Free(j->first);
+    j->dst = NULL;
+    j->first = NULL;
     Py_buffer *bufs[] = {&j->src, &j->ok, &j->off, &j->len, &j->sum};
     for (int k = 0; k < j->held; k++) PyBuffer_Release(bufs[k]);
     j->held = 0;
@@ -201,8 +206,9 @@ PyDoc_STRVAR(submit_doc,
 "submit(src, offsets, lengths, checksums, ok, into) -> Job\n\n"
 "Queue a batch for the worker thread and return at once.  For each i with ok[i]: ok[i] becomes\n"
 "xxh3_64(src[offsets[i]:offsets[i] + lengths[i]]) == checksums[i]; where it still holds and\n"
-"into[i] is not None, that payload is copied into into[i] (a writable buffer of exactly\n"
-"lengths[i] bytes).  offsets and lengths are int64 arrays, checksums uint64, ok uint8, updated\n"
+"into[i] is not None, that payload is copied into into[i]: a writable buffer of exactly\n"
+"lengths[i] bytes, or a tuple of writable buffers that it is scattered over in order (their\n"
+"lengths summing to lengths[i]; a host pool's page in runs).  offsets and lengths are int64 arrays, checksums uint64, ok uint8, updated\n"
 "in place: read it, and the buffers, only once the job is done.  Everything is bounds-checked\n"
 "here; the job holds every buffer until it is freed (freeing an unfinished job waits for it).");
 
@@ -213,6 +219,7 @@ static PyObject *submit(PyObject *self, PyObject *args) {
     Job *j = PyObject_New(Job, &JobType);
     if (j == NULL) return NULL;
     j->dst = NULL;
+    j->first = NULL;
     j->n = j->ndst = 0;
     j->held = j->queued = j->state = 0;
     j->next = NULL;
@@ -236,16 +243,26 @@ static PyObject *submit(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "into must be a list with one entry per payload");
             goto fail;
         }
-        j->dst = PyMem_Calloc((size_t)(j->n ? j->n : 1), sizeof(Py_buffer));
-        if (j->dst == NULL) { PyErr_NoMemory(); goto fail; }
-        for (; j->ndst < j->n; j->ndst++) {
-            Py_ssize_t i = j->ndst;
+        j->first = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_ssize_t));
+        if (j->first == NULL) { PyErr_NoMemory(); goto fail; }
+        for (Py_ssize_t i = 0; i < j->n; i++) {
             PyObject *b = PyList_GET_ITEM(into, i);
-            if (b == Py_None) continue;
-            if (PyObject_GetBuffer(b, &j->dst[i], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto fail;
-            if (j->dst[i].len != l[i]) {
+            j->first[i + 1] = j->first[i] + (b == Py_None ? 0 : PyTuple_Check(b) ? PyTuple_GET_SIZE(b) : 1);
+        }
+        j->dst = PyMem_Calloc((size_t)j->first[j->n] + 1, sizeof(Py_buffer));
+        if (j->dst == NULL) { PyErr_NoMemory(); goto fail; }
+        for (Py_ssize_t i = 0; i < j->n; i++) {
+            PyObject *b = PyList_GET_ITEM(into, i);
+            int scatter = PyTuple_Check(b);
+            Py_ssize_t total = 0;
+            for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
+                PyObject *part = scatter ? PyTuple_GET_ITEM(b, s - j->first[i]) : b;
+                if (PyObject_GetBuffer(part, &j->dst[s], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto fail;
                 j->ndst++;
-                PyErr_Format(PyExc_ValueError, "buffer %zd holds %zd bytes, its payload %lld", i, j->dst[i].len,
+                total += j->dst[s].len;
+            }
+            if (b != Py_None && total != l[i]) {
+                PyErr_Format(PyExc_ValueError, "buffer %zd holds %zd bytes, its payload %lld", i, total,
                              (long long)l[i]);
                 goto fail;
             }
