@@ -332,6 +332,18 @@ def test_bad_drive_paths(tmp_path):
         KVStore.open([])
 
 
+def test_auto_backend_is_uring_where_available():
+    from kvswarm.io.base import uring_available
+
+    eng = make_engine("auto")
+    try:
+        assert eng.name == ("uring" if uring_available() else "threads")
+    finally:
+        eng.close()
+    with pytest.raises(ValueError, match="auto"):
+        make_engine("spdk")
+
+
 def test_unaligned_requests_rejected(tmp_path, backend):
     eng = make_engine(backend)
     fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)

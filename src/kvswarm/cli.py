@@ -19,6 +19,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sparse": ("kvswarm.bench.sparse_bench", "sparse decode from offloaded KV: selectors and placements"),
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
+    "sglang": ("kvswarm.bench.sglang_bench", "SGLang's file HiCache backend vs kvswarm's backend"),
 }
 
 

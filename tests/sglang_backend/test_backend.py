@@ -112,6 +112,9 @@ def test_generic_and_zero_copy_paths_share_pages(drives, layout):
     got = b.get("c", dummy)
     assert got is dummy and torch.equal(got, want[1])
     assert b.get("missing", pool.get_dummy_flat_data_page()) is None
+    got = b.batch_get(["a", "c"])  # no targets: tensors of their own
+    assert torch.equal(got[0].view(-1), want[0].view(-1)) and torch.equal(got[1].view(-1), want[1].view(-1))
+    assert b.get("b", torch.zeros(dummy.numel() - 1, dtype=dummy.dtype)) is None  # a target of the wrong size
     b.close()
 
 
@@ -133,6 +136,37 @@ def test_pages_persist_and_keys_are_isolated(drives):
         b.close()
     b = open_backend(drives, host_pool("layer_first"))  # same model, other host layout: other bytes
     assert b.batch_exists(["x"]) == 0
+    b.close()
+
+
+@pytest.mark.parametrize("io_backend", ["threads", "auto"])
+def test_backup_and_prefetch_threads_share_the_backend(drives, io_backend):
+    """SGLang's cache controller backs pages up on one thread while it prefetches on another, and
+    reads are split into several store batches (read_split): every page still lands whole."""
+    import threading
+
+    pool = host_pool("layer_first")
+    b = open_backend(drives, pool, io_backend=io_backend, read_split=3)
+    old = [f"old{i}" for i in range(8)]
+    assert all(b.batch_set_v1(old, pages(pool, 0, 8)))
+    want = page_data(pool, pages(pool, 0, 8), 8)
+    errors: list[BaseException] = []
+
+    def backup() -> None:
+        try:
+            for r in range(6):
+                assert all(b.batch_set_v1([f"new{r}-{i}" for i in range(2)], pages(pool, 2 * r, 2)))
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=backup)
+    t.start()
+    for _ in range(6):
+        assert b.batch_get_v1(old, pages(pool, 16, 8)) == [True] * 8
+        assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 16, 8), 8), want))
+    t.join()
+    assert not errors, errors
+    assert b.batch_exists([f"new{r}-{i}" for r in range(6) for i in range(2)]) == 12
     b.close()
 
 

@@ -53,7 +53,7 @@ def test_engine_load_argument_is_checked():
 
     import pytest
 
-    from kvswarm.bench.vllm_bench import engine_loads
+    from kvswarm.bench.engine_host import engine_loads
 
     assert engine_loads("1/1,3/0.5") == [(1.0, 1.0), (3.0, 0.5)]
     assert engine_loads("") == []

@@ -44,7 +44,7 @@ from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
-from kvswarm.io.base import Op
+from kvswarm.io.base import Op, uring_available
 from kvswarm.io.throttle import DriveCaps, DriveModel
 from kvswarm.store import KVStore, StoreConfig
 
@@ -80,14 +80,6 @@ def parse_count(s: str) -> int:
 
 def count_name(n: int) -> str:
     return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
-
-
-def uring_available() -> bool:
-    try:
-        import uring_api
-    except ImportError:
-        return False
-    return bool(uring_api.is_available())
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -524,7 +516,7 @@ def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, n
                       checkpoint_every=10**9)
             meta = kw["meta_dir"]
 
-            store = KVStore.open(paths, backend="uring" if uring_available() else "threads", **kw)
+            store = KVStore.open(paths, backend="auto", **kw)
             with console.status(f"reopen test: {count} objects ({via})"):
                 t0 = time.perf_counter()
                 if via == "store":

@@ -28,7 +28,6 @@ interpreter this command re-executes itself there.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -36,13 +35,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from kvswarm.bench.engine_host import EngineLoad, drop_caches, engine_loads, load_name, reexec_in_engine_venv
 from kvswarm.bench.raw import cpu_time
 from kvswarm.layout import KVLayout
 
@@ -68,23 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "block size ('' to skip)")
 
 
-def engine_loads(text: str) -> list[tuple[float, float]]:
-    """``--engine-load``: comma-separated HOLD/IDLE pairs of milliseconds, HOLD > 0 and IDLE >= 0."""
-    out = []
-    for item in filter(None, text.split(",")):
-        try:
-            hold, idle = (float(x) for x in item.split("/"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r} is not HOLD/IDLE (milliseconds, e.g. 3/1)") from None
-        if hold <= 0 or idle < 0:
-            raise argparse.ArgumentTypeError(f"{item!r}: HOLD must be > 0 and IDLE >= 0")
-        out.append((hold, idle))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("vllm") is None:
-        return _reexec_in_vllm_venv()
+        return reexec_in_engine_venv("kvswarm.bench.vllm_bench", "vllm")
     from rich.console import Console
 
     console = Console(width=max(150, Console().width))
@@ -119,18 +104,6 @@ def run(args: argparse.Namespace) -> int:
         plot(results, os.path.splitext(args.json)[0] + ".png")
         console.print(f"wrote {args.json}")
     return 0
-
-
-def _reexec_in_vllm_venv() -> int:
-    here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    venv = os.path.join(repo, ".venv-vllm")
-    py = os.path.join(venv, "bin", "python")
-    if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(venv):
-        print("kvswarm bench vllm needs vLLM: run scripts/setup-vllm.sh (it makes .venv-vllm)", file=sys.stderr)
-        return 2
-    i = sys.argv.index("vllm") + 1 if "vllm" in sys.argv else 1
-    return subprocess.call([py, "-m", "kvswarm.bench.vllm_bench", *sys.argv[i:]])
 
 
 # ---- tiers ------------------------------------------------------------------------------
@@ -234,12 +207,6 @@ class Bench:
 
     def close(self) -> None:
         self.primary.close()
-
-
-def drop_caches() -> None:
-    os.sync()
-    with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 class TierCase:
@@ -586,39 +553,7 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
     return out
 
 
-# ---- 4. engine load ----------------------------------------------------------------------------
-class EngineLoad:
-    """A thread that holds the GIL ``hold_ms`` out of every ``hold_ms + idle_ms`` (pure Python, so
-    it lets go only when it sleeps or when another thread has waited a switch interval, 5 ms).
-
-    vLLM runs its offloading tiers in the engine-core process, whose main thread loops over
-    scheduler steps in Python: back to back while requests run (the GIL is free only while it
-    waits on the model), with a 1 ms sleep when only loads are pending
-    (``EngineCore._process_engine_step``).  A tier's own threads get the GIL in between.
-    """
-
-    def __init__(self, hold_ms: float, idle_ms: float) -> None:
-        self.hold, self.idle = hold_ms / 1e3, idle_ms / 1e3
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-load", daemon=True)
-
-    def _run(self) -> None:
-        clock = time.perf_counter
-        while not self._stop.is_set():
-            end = clock() + self.hold
-            while clock() < end:
-                pass
-            time.sleep(self.idle)
-
-    def __enter__(self) -> EngineLoad:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
+# ---- 4. engine load (EngineLoad: kvswarm.bench.engine_host) -----------------------------------
 def engine_load(bench: Bench, cases: dict[str, TierCase], loads: Sequence[tuple[float, float]], rounds: int,
                 console) -> dict:
     """Restores of the given tiers with no load and under each GIL duty cycle, interleaved per round
@@ -626,10 +561,10 @@ def engine_load(bench: Bench, cases: dict[str, TierCase], loads: Sequence[tuple[
     seen: dict[str, dict[str, list[float]]] = {}
     for r in range(rounds):
         for hold, idle in [(0.0, 0.0), *loads]:
-            name = f"{hold:g}/{idle:g}" if hold else "none"
+            name = load_name(hold, idle)
             for t, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
                 drop_caches()
-                with EngineLoad(hold, idle) if hold else contextlib.nullcontext():
+                with EngineLoad(hold, idle):
                     dt, _ = bench.restore(c.run)
                 seen.setdefault(name, {}).setdefault(t, []).append(bench.nblocks * bench.bs / dt / 1e9)
     out: dict = {"block_kib": bench.bs // KiB, "rounds": rounds, "loads": {}}

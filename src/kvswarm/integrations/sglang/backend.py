@@ -10,10 +10,11 @@ One page is one store object, keyed by SGLang's page hash plus the layout
 fingerprint (model, TP/PP rank, host-pool layout, page size, heads, dtype) and the
 tenant salt.  A page's bytes are the host pool's flat data page (all K, then all V),
 whichever interface moved it, so the zero-copy path (``batch_get_v1`` /
-``batch_set_v1``, memmoves straight between the pool and the store's aligned buffers)
+``batch_set_v1``, straight between the pool's K/V runs and the store's aligned buffers)
 and the generic tensor path (``get`` / ``batch_get`` / ``set`` / ``batch_set``) read
-each other's pages.  Reads are checksummed by the store: a bad page is deleted and
-reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
+each other's pages.  Reads are checksummed by the store, and verified pages are copied
+into the pool (or the caller's tensors) by its native worker, without the GIL: a bad
+page is deleted and reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
 opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive.
 """
 
@@ -74,9 +75,14 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.config = storage_config
         self.tenant = extra.get("tenant", "")
         self.durable = bool(extra.get("durable", True))
+        # Pages per store batch within one batch_get: SGLang's calls are synchronous, so a call's
+        # first batches are verified and copied while its later ones are still being read.
+        self.read_split = int(extra.get("read_split", 16))
+        if self.read_split < 1:
+            raise ValueError(f"kvswarm HiCache backend: read_split must be >= 1, not {self.read_split}")
         self.store = KVStore(StoreConfig(
             drives=paths, capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)),
-            backend=extra.get("io_backend", "threads"), queue_depth=int(extra.get("queue_depth", 32)),
+            backend=extra.get("io_backend", "auto"), queue_depth=int(extra.get("queue_depth", 32)),
             buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20))))
         # At start-up rather than in the first batch_set: see BufferPool.populate (SGLang's backends
         # have no thread of their own to do it in the background).
@@ -96,13 +102,22 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self.keyspace.key(key if name == PoolName.KV.value else f"{key}.{name}")
 
     # ---- store plumbing ------------------------------------------------------------
-    def _read(self, keys: Sequence[bytes], sink) -> list[bool]:
-        """Read ``keys``; ``sink(i, memoryview)`` consumes each hit (False: wrong size). Bad pages are deleted."""
+    def _read(self, keys: Sequence[bytes], into: Sequence[Any] | None = None, sink=None) -> list[bool]:
+        """Read ``keys``.  The store copies each verified hit into its ``into`` buffer, or scatters it
+        over a tuple of runs (see ``KVStore.submit_get``), on its native worker without the GIL,
+        which SGLang's scheduler thread holds most of the time; ``sink(i, memoryview)`` consumes
+        the hits without one (False: wrong size).  Bad pages are deleted."""
         ok = [False] * len(keys)
-        with self.store.get_many(keys) as res:
-            for i, view in enumerate(res.views):
-                if view is not None and sink(i, view) is not False:
-                    ok[i] = True
+        step = self.read_split
+        handles = [(a, self.store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
+                   for a in range(0, len(keys), step)]
+        for a, h in handles:
+            with h.wait() as res:
+                for i, view in enumerate(res.views, a):
+                    if view is None:
+                        continue
+                    if sink is None or (into is not None and into[i] is not None) or sink(i, view) is not False:
+                        ok[i] = True
         for i, k in enumerate(keys):
             if not ok[i] and self.store.contains(k):
                 self.store.delete(k)  # corrupt or unreadable: recompute rather than loop on it
@@ -130,24 +145,16 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys: list[str], target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> list[torch.Tensor | None]:
-        out: list[torch.Tensor | None] = [None] * len(keys)
+        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
         dtype = self.mem_pool_host.dtype if self.mem_pool_host is not None else torch.uint8
 
-        def sink(i: int, view: memoryview) -> bool:
-            src = torch.frombuffer(view, dtype=torch.uint8)
-            if target_locations is not None and target_locations[i] is not None:
-                dst = target_locations[i]
-                flat = dst.view(-1).view(torch.uint8)
-                if flat.numel() != src.numel():
-                    return False
-                flat.copy_(src)
-                out[i] = dst
-            else:
-                out[i] = src.clone().view(dtype)
+        def sink(i: int, view: memoryview) -> bool:  # no target: a tensor of its own
+            targets[i] = torch.frombuffer(view, dtype=torch.uint8).clone().view(dtype)
             return True
 
-        self._read([self._key(k) for k in keys], sink)
-        return out
+        into = [None if t is None else t.view(-1).view(torch.uint8).numpy() for t in targets]
+        ok = self._read([self._key(k) for k in keys], into, sink)
+        return [t if hit else None for t, hit in zip(targets, ok)]
 
     def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
             target_sizes: Any | None = None) -> bool:
@@ -181,18 +188,9 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        pages = self._page_segments(host_indices, len(keys))
-
-        def sink(i: int, view: memoryview) -> bool:
-            if len(view) != sum(n for _, n in pages[i]):
-                return False
-            src = np.frombuffer(view, np.uint8).ctypes.data
-            for addr, n in pages[i]:
-                ctypes.memmove(addr, src, n)
-                src += n
-            return True
-
-        return self._read([self._key(k) for k in keys], sink)
+        runs = [tuple((ctypes.c_char * n).from_address(a) for a, n in page)
+                for page in self._page_segments(host_indices, len(keys))]
+        return self._read([self._key(k) for k in keys], runs)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
@@ -244,7 +242,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                 pool.set_from_flat_data_page(offsets[i], page)
                 return True
 
-            return self._read([self._key(k, t.name) for k in t.keys], sink)
+            return self._read([self._key(k, t.name) for k in t.keys], sink=sink)
 
         return self._each_transfer(transfers, get)
 
