@@ -196,7 +196,7 @@ class _Check:
     single: bool  # one extent per object
     at: np.ndarray  # per extent: where its payload lies in the pool
     payloads: list[memoryview]
-    dst: list[Dest | None] | None  # the buffers the worker copies verified payloads into
+    dst: list[Dest | None] | None  # per object, the caller's buffer the worker copies its verified extents into
     job: object | None  # kvswarm._verify.Job
 
     @property
@@ -231,15 +231,27 @@ def _sized(into: list[Dest | None], lengths: np.ndarray) -> list[Dest | None]:
     return [b if b is not None and _dest_len(b) == n else None for b, n in zip(into, lengths.tolist())]
 
 
+def _part(d: Dest, start: int, n: int) -> Dest:
+    """Bytes [start, start + n) of an object's destination: where one of its extents' payload goes."""
+    if not isinstance(d, tuple):
+        return d[start:start + n]
+    out, at = [], 0
+    for run in d:
+        lo, hi = max(start, at), min(start + n, at + len(run))
+        if lo < hi:
+            out.append(run[lo - at:hi - at])
+        at += len(run)
+    return tuple(out)
+
+
 def _hand_over(views: list, found: list[int], good: list[int], into: list[Dest | None],
                dst: list[Dest | None]) -> int:
-    """Point verified hits at the buffers the native pass copied them into (a scattered hit keeps
-    its pool view); returns how many hits become misses because their buffer's length differs."""
+    """Point verified hits at the buffers the native pass copied them into; returns how many
+    hits become misses because their buffer's length differs."""
     lost = 0
     for i in good:
         if dst[i] is not None:
-            if not isinstance(dst[i], tuple):
-                views[found[i]] = dst[i]
+            views[found[i]] = dst[i]
         elif into[i] is not None:
             views[found[i]] = None
             lost += 1
@@ -487,11 +499,12 @@ class KVStore:
         that object's payload, copied there once verified (by a copy that releases the GIL); the
         result's views are then those buffers.  A tuple of buffers whose lengths add up to the
         object's receives it scattered over them in order (an engine's page in per-layer runs);
-        that hit's view stays the verified payload in the pool.  The extents are read into the buffer pool, not
+        that hit's view is then the tuple.  The extents are read into the buffer pool, not
         into the caller's memory: on this test machine O_DIRECT reads straight into 4 KiB-page
         shared memory (vLLM's primary tier) restored 5-12% slower than pool reads plus a copy (see
-        docs/testbed.md).  On a miss the buffer is left as it was; an object whose length differs
-        from its buffer's is a miss.
+        docs/testbed.md).  On a miss the buffer is left as it was (but for the verified extents of an
+        object stored in several, which may have been copied); an object whose length differs from
+        its buffer's is a miss.
         """
         return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into)
 
@@ -552,8 +565,8 @@ class KVStore:
         """Start verifying a batch whose reads are back, in a few array operations: each extent
         must have read in full and its header must equal the one the catalog predicts (every
         field, byte for byte), checked here; its payload must match the checksum, hashed per
-        extent by the native worker if there is one (which also copies verified payloads of
-        one-extent objects into the caller's buffers), else here."""
+        extent by the native worker if there is one (which also copies each verified extent's
+        payload into its part of the caller's buffer), else here."""
         if lease is None:
             return None
         k, starts, pp = len(ext.length), reads.starts, ext.part_payload
@@ -573,11 +586,19 @@ class KVStore:
         lv = lease.view
         poff = np.where(sector, ALIGN, HEADER_SIZE)
         payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
-        dst = _sized(reads.into, pp) if verify_submit is not None and single and reads.into is not None else None
+        dst = parts = None
+        if verify_submit is not None and reads.into is not None:
+            dst = _sized(reads.into, ext.rows["payload_len"])
+            parts = dst
+            if not single:  # each extent's payload goes to its own slice of the object's buffer
+                cs = np.cumsum(pp) - pp
+                at_obj = (cs - cs[np.flatnonzero(ext.part == 0)][ext.obj]).tolist()
+                parts = [None if dst[o] is None else _part(dst[o], a, n)
+                         for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
         job = None
         if verify_submit is not None:
             job = verify_submit(self.pool.array, at + poff, pp.astype(np.int64),
-                                np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8), dst)
+                                np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8), parts)
         else:
             ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
         return _Check(results, io_ok, ok, single, at + poff, payloads, dst, job)
@@ -606,6 +627,8 @@ class KVStore:
             else:
                 pp = ext.part_payload
                 for i in good:
+                    if check.dst is not None and check.dst[i] is not None:
+                        continue  # the worker copied it into the caller's buffer: handed over below
                     j, parts = int(first[i]), int(ext.parts[first[i]])
                     views[found[i]] = payloads[j] if parts == 1 else self._join_in_place(
                         lease, [(int(check.at[x]), int(pp[x])) for x in range(j, j + parts)])
@@ -640,13 +663,11 @@ class KVStore:
             if _dest_len(buf) != len(v):
                 views[found[i]] = None
                 lost += 1
-            elif isinstance(buf, tuple):  # scattered: the hit's view stays its payload in the pool
-                at = 0
-                for run in buf:
-                    np.copyto(np.frombuffer(run, np.uint8), np.frombuffer(v[at:at + len(run)], np.uint8))
-                    at += len(run)
             else:
-                np.copyto(np.frombuffer(buf, np.uint8), np.frombuffer(v, np.uint8))  # releases the GIL
+                at = 0
+                for run in buf if isinstance(buf, tuple) else (buf,):
+                    np.copyto(np.frombuffer(run, np.uint8), np.frombuffer(v[at:at + len(run)], np.uint8))
+                    at += len(run)  # np.copyto releases the GIL
                 views[found[i]] = buf
         return lost
 
