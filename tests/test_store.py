@@ -254,6 +254,18 @@ def test_reads_scattered_over_runs(tmp_path, backend, overwrite):
             assert bytes(again[0]) + bytes(again[1]) == _payload(b"page", 16384)
 
 
+def test_put_gathers_a_tuple_of_runs(tmp_path, backend):
+    """A tuple of buffers is stored as their concatenation (one extent or several), checksummed."""
+    with _open(_dirs(tmp_path, 2), backend, stripe_unit=64 * 1024) as s:
+        small, big = _payload(b"small", 12288), _payload(b"big", 150_000)
+        cut = (4096, 5000, 70_001)
+        runs = [memoryview(big)[a:b] for a, b in zip((0, *cut), (*cut, len(big)))]
+        assert s.put_many([(b"small", (small[:100], bytearray(small[100:]))), (b"big", tuple(runs))]) == [True] * 2
+        s.flush()
+        assert s.get(b"small") == small and s.get(b"big") == big
+        assert s.verify([_digest(b"small"), _digest(b"big")]) == 0
+
+
 def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite):
     """A corrupt payload or a header that no longer matches is a counted miss, and the caller's
     buffer is left as it was: never a hit with wrong bytes."""

@@ -196,7 +196,7 @@ class _Check:
     single: bool  # one extent per object
     at: np.ndarray  # per extent: where its payload lies in the pool
     payloads: list[memoryview]
-    dst: list[Dest | None] | None  # per object, the caller's buffer the worker copies its verified extents into
+    dst: list[Bufs | None] | None  # per object, the caller's buffer the worker copies its verified extents into
     job: object | None  # kvswarm._verify.Job
 
     @property
@@ -210,29 +210,29 @@ class _Reads:
     buffers that verified payloads are copied into."""
 
     starts: np.ndarray
-    into: list[Dest | None] | None = None  # per located object, the caller's buffer (or runs)
+    into: list[Bufs | None] | None = None  # per located object, the caller's buffer (or runs)
 
 
-Dest = memoryview | tuple[memoryview, ...]  # one buffer, or runs a payload is scattered over in order
+Bufs = memoryview | tuple[memoryview, ...]  # one buffer, or runs an object spans in order
 
 
-def _dest(obj: object) -> Dest:
+def _as_bufs(obj: object) -> Bufs:
     if isinstance(obj, tuple):
         return tuple(memoryview(b).cast("B") for b in obj)
     return memoryview(obj).cast("B")
 
 
-def _dest_len(d: Dest) -> int:
+def _bufs_len(d: Bufs) -> int:
     return sum(map(len, d)) if isinstance(d, tuple) else len(d)
 
 
-def _sized(into: list[Dest | None], lengths: np.ndarray) -> list[Dest | None]:
+def _sized(into: list[Bufs | None], lengths: np.ndarray) -> list[Bufs | None]:
     """The caller's buffers that fit their payloads exactly; None for the others."""
-    return [b if b is not None and _dest_len(b) == n else None for b, n in zip(into, lengths.tolist())]
+    return [b if b is not None and _bufs_len(b) == n else None for b, n in zip(into, lengths.tolist())]
 
 
-def _part(d: Dest, start: int, n: int) -> Dest:
-    """Bytes [start, start + n) of an object's destination: where one of its extents' payload goes."""
+def _part(d: Bufs, start: int, n: int) -> Bufs:
+    """Bytes [start, start + n) of an object's buffer or runs: one extent's share of it."""
     if not isinstance(d, tuple):
         return d[start:start + n]
     out, at = [], 0
@@ -244,8 +244,8 @@ def _part(d: Dest, start: int, n: int) -> Dest:
     return tuple(out)
 
 
-def _hand_over(views: list, found: list[int], good: list[int], into: list[Dest | None],
-               dst: list[Dest | None]) -> int:
+def _hand_over(views: list, found: list[int], good: list[int], into: list[Bufs | None],
+               dst: list[Bufs | None]) -> int:
     """Point verified hits at the buffers the native pass copied them into; returns how many
     hits become misses because their buffer's length differs."""
     lost = 0
@@ -365,15 +365,18 @@ class KVStore:
         return [DriveView(d.index, d.free_bytes, d.healthy, d.kind) for d in self.drives if d.healthy]
 
     def submit_put(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> PutHandle:
-        """Write ``(key, bytes-like)`` items; returns at once. Raises DriveFull when the pool has no room."""
+        """Write ``(key, data)`` items; returns at once. Raises DriveFull when the pool has no room.
+
+        ``data`` is bytes-like, or a tuple of bytes-likes gathered in order (an engine page's runs,
+        copied straight into the store's buffers)."""
         unit = self.config.stripe_unit - HEADER_SIZE
         full_ext = extent_size(unit)
         mvs = []
         total = 0
         for _, data in items:
-            mv = memoryview(data).cast("B")
+            mv = _as_bufs(data)
             mvs.append(mv)
-            full, rest = divmod(len(mv), unit)
+            full, rest = divmod(_bufs_len(mv), unit)
             total += full * full_ext + (extent_size(rest) if rest or not full else 0)
         lease = self.pool.lease(total)
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
@@ -391,17 +394,24 @@ class KVStore:
             for j, ((key, _), mv) in enumerate(zip(items, mvs)):
                 digest = key_digest(key)
                 gen = gen0 + j
-                n = len(mv)
+                n = _bufs_len(mv)
                 parts = max(1, -(-n // unit))
                 targets = place(digest, parts, views, hints[j] if hints else None)
                 exts = []
                 for part in range(parts):
-                    chunk = mv[part * unit:(part + 1) * unit] if parts > 1 else mv
-                    c = len(chunk)
+                    chunk = _part(mv, part * unit, unit) if parts > 1 else mv
+                    c = _bufs_len(chunk)
                     ext_len = extent_size(c)
                     a = base + pos
                     p = payload_offset(c)
-                    mm[a + p:a + p + c] = chunk
+                    if isinstance(chunk, tuple):
+                        at = a + p
+                        for run in chunk:
+                            mm[at:at + len(run)] = run
+                            at += len(run)
+                        chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
+                    else:
+                        mm[a + p:a + p + c] = chunk
                     if p > HEADER_SIZE:  # the header's sector: zeros after the header
                         mm[a + HEADER_SIZE:a + p] = _ZEROS[:p - HEADER_SIZE]
                     if pad := ext_len - p - c:
@@ -517,7 +527,7 @@ class KVStore:
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            bufs_in = [None if into[i] is None else _dest(into[i]) for i in found]
+            bufs_in = [None if into[i] is None else _as_bufs(into[i]) for i in found]
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = _Reads(starts, bufs_in)
         lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
@@ -652,7 +662,7 @@ class KVStore:
         return GetResult(keys, views, lease, n - hits, corrupt)
 
     @staticmethod
-    def _copy_into(views: list, found: list[int], good: list[int], into: list[Dest | None]) -> int:
+    def _copy_into(views: list, found: list[int], good: list[int], into: list[Bufs | None]) -> int:
         """Hand verified payloads over in the caller's buffers; returns how many hits become
         misses because their buffer's length differs."""
         lost = 0
@@ -660,7 +670,7 @@ class KVStore:
             buf, v = into[i], views[found[i]]
             if buf is None:
                 continue
-            if _dest_len(buf) != len(v):
+            if _bufs_len(buf) != len(v):
                 views[found[i]] = None
                 lost += 1
             else:

@@ -186,25 +186,19 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             pages.append(runs[0::2] + runs[1::2])  # meta alternates K, V
         return pages
 
+    def _page_runs(self, host_indices: torch.Tensor, n: int) -> list[tuple[ctypes.Array, ...]]:
+        """Per page, its runs in the host pool as buffers (the store scatters into / gathers from them)."""
+        return [tuple((ctypes.c_char * size).from_address(addr) for addr, size in page)
+                for page in self._page_segments(host_indices, n)]
+
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        runs = [tuple((ctypes.c_char * n).from_address(a) for a, n in page)
-                for page in self._page_segments(host_indices, len(keys))]
-        return self._read([self._key(k) for k in keys], runs)
+        return self._read([self._key(k) for k in keys], self._page_runs(host_indices, len(keys)))
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        pages = self._page_segments(host_indices, len(keys))
-
-        def payload(i: int) -> bytes:
-            buf = bytearray(sum(n for _, n in pages[i]))
-            dst = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
-            for addr, n in pages[i]:
-                ctypes.memmove(dst, addr, n)
-                dst += n
-            return buf
-
-        return self._write([self._key(k) for k in keys], payload)
+        runs = self._page_runs(host_indices, len(keys))
+        return self._write([self._key(k) for k in keys], runs.__getitem__)  # gathered by the store
 
     # ---- v2: several host pools (hybrid models, sidecar pools) --------------------------
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
