@@ -185,6 +185,9 @@ class GetHandle(_Handle):
         return self._result
 
 
+Bufs = memoryview | tuple[memoryview, ...]  # one buffer, or runs an object spans in order
+
+
 @dataclass(slots=True)
 class _Check:
     """A batch under verification (see KVStore._check_get); ``ok`` and the caller's buffers in
@@ -211,9 +214,6 @@ class _Reads:
 
     starts: np.ndarray
     into: list[Bufs | None] | None = None  # per located object, the caller's buffer (or runs)
-
-
-Bufs = memoryview | tuple[memoryview, ...]  # one buffer, or runs an object spans in order
 
 
 def _as_bufs(obj: object) -> Bufs:
