@@ -13,6 +13,7 @@ from kvswarm.drive import DATA_FILE
 from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
 from kvswarm.io import IORequest, Op, make_engine
 from kvswarm.metrics import FOLD_EVERY, DriveStats
+from kvswarm.store import Runs
 
 BACKENDS = ["threads", "uring"]
 MiB = 1 << 20
@@ -222,9 +223,22 @@ def test_reads_into_caller_buffers(tmp_path, backend):
             s.submit_get([b"sectors"], into=[])
 
 
+def _scattered(n: int, base: bytearray, at: int) -> Runs:
+    """Runs of ``base`` for an object of ``n`` bytes: three runs in reverse order, with gaps."""
+    a, b = n // 4, n // 2
+    lens = np.array([a, b, n - a - b], np.int64)
+    off = np.array([at + 2 * n, at + n // 2 + 10, at], np.int64)
+    return Runs(memoryview(base), off, lens)
+
+
+def _gather(r: Runs) -> bytes:
+    return b"".join(bytes(r.base[o:o + n]) for o, n in zip(r.off.tolist(), r.lens.tolist()))
+
+
 def test_reads_scattered_over_runs(tmp_path, backend, overwrite):
-    """A tuple of buffers receives its object in order (one extent or several); runs that do not
-    add up to the object's length, or a corrupt payload, are misses that leave the runs as they were."""
+    """Runs receive their object in order (one extent or several; every run a slice of one base
+    buffer); runs that do not add up to the object's length, or a corrupt payload, are misses that
+    leave the runs as they were."""
     paths = _dirs(tmp_path, 2)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         sizes = {b"page": 16384, b"multi": 150_000, b"short": 8192, b"rot": 8192, b"multi_rot": 150_000}
@@ -234,33 +248,36 @@ def test_reads_scattered_over_runs(tmp_path, backend, overwrite):
         overwrite(paths[d], off + payload_offset(8192) + 100, b"\xff\x00")
         d, off, _, _ = s.catalog.get(_digest(b"multi_rot")).extents[1]  # one bad extent of three
         overwrite(paths[d], off + 4096, b"\xff\x00")
-        runs = {k: tuple(memoryview(bytearray(b"\x5a" * m)) for m in (n // 4, n // 2, n - n // 4 - n // 2))
-                for k, n in sizes.items()}
-        runs[b"short"] = (memoryview(bytearray(b"\x5a" * 8191)),)
+        base = bytearray(b"\x5a" * 4 * 1024 * 1024)
+        runs = {k: _scattered(n, base, 600_000 * i) for i, (k, n) in enumerate(sizes.items())}
+        runs[b"short"] = Runs(memoryview(base), np.array([3_000_000], np.int64), np.array([8191], np.int64))
         keys = list(sizes)
         with s.submit_get(keys, into=[runs[k] for k in keys]).wait() as r:
             assert r.misses == 3 and r.corrupt == 2 and r.views[2:] == [None] * 3
             for k in (b"page", b"multi"):
-                want = _payload(k, sizes[k])
-                assert b"".join(bytes(m) for m in runs[k]) == want
+                assert _gather(runs[k]) == _payload(k, sizes[k])
                 got = r.views[keys.index(k)]  # the hit's view: the caller's runs
-                assert len(got) == len(runs[k]) and all(a.obj is b.obj for a, b in zip(got, runs[k]))
+                assert isinstance(got, Runs) and got.base.obj is base and (got.off == runs[k].off).all()
         for k in (b"short", b"rot"):
-            assert all(bytes(m) == b"\x5a" * len(m) for m in runs[k])
+            assert _gather(runs[k]) == b"\x5a" * int(runs[k].lens.sum())
         # One extent per object in the batch: the native worker scatters, when built.
-        again = (memoryview(bytearray(4096)), memoryview(bytearray(12288)))
+        again = _scattered(16384, bytearray(64 * 1024), 0)
         with s.submit_get([b"page"], into=[again]).wait() as r:
-            assert r.misses == 0 and [m.obj for m in r.views[0]] == [m.obj for m in again]
-            assert bytes(again[0]) + bytes(again[1]) == _payload(b"page", 16384)
+            assert r.misses == 0 and _gather(again) == _payload(b"page", 16384)
 
 
-def test_put_gathers_a_tuple_of_runs(tmp_path, backend):
-    """A tuple of buffers is stored as their concatenation (one extent or several), checksummed."""
+def test_put_gathers_runs(tmp_path, backend):
+    """Runs are stored as their concatenation (one extent or several), checksummed."""
     with _open(_dirs(tmp_path, 2), backend, stripe_unit=64 * 1024) as s:
         small, big = _payload(b"small", 12288), _payload(b"big", 150_000)
-        cut = (4096, 5000, 70_001)
-        runs = [memoryview(big)[a:b] for a, b in zip((0, *cut), (*cut, len(big)))]
-        assert s.put_many([(b"small", (small[:100], bytearray(small[100:]))), (b"big", tuple(runs))]) == [True] * 2
+        base = bytearray(1 << 20)
+        rs, rb = _scattered(len(small), base, 0), _scattered(len(big), base, 100_000)
+        for r, data in ((rs, small), (rb, big)):
+            at = 0
+            for o, n in zip(r.off.tolist(), r.lens.tolist()):
+                base[o:o + n] = data[at:at + n]
+                at += n
+        assert s.put_many([(b"small", rs), (b"big", rb)]) == [True] * 2
         s.flush()
         assert s.get(b"small") == small and s.get(b"big") == big
         assert s.verify([_digest(b"small"), _digest(b"big")]) == 0

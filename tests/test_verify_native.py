@@ -39,23 +39,40 @@ def test_good_payloads_are_copied_bad_ones_left_alone():
             m.release()
 
 
-def test_a_tuple_of_buffers_receives_the_payload_scattered_in_order():
+def test_runs_of_a_base_buffer_receive_the_payload_scattered_in_order():
     src, offs, lens, sums = _batch(n=3)
     sums[2] ^= 1
-    runs = [[bytearray(b"\x5a" * n) for n in (4096, 1000, 3096)] for _ in offs]
+    base = bytearray(b"\x5a" * 3 * 3 * L)
+    run_lens = np.array([4096, 1000, 3096], np.int64)
+    runs = [(np.array([8000, 0, 2000], np.int64) + 3 * L * i, run_lens) for i in range(3)]
     ok = np.ones(len(offs), np.uint8)
-    assert submit(src, offs, lens, sums, ok, [tuple(memoryview(r) for r in page) for page in runs]).wait()
+    assert submit(src, offs, lens, sums, ok, [(base, o, n) for o, n in runs]).wait()
     assert ok.tolist() == [1, 1, 0]
     for i in (0, 1):
-        assert b"".join(runs[i]) == src[offs[i]:offs[i] + L].tobytes()
-    assert all(r == b"\x5a" * len(r) for r in runs[2])  # a bad payload is scattered nowhere
+        got = b"".join(bytes(base[a:a + n]) for a, n in zip(*runs[i]))
+        assert got == src[offs[i]:offs[i] + L].tobytes()
+    assert base[3 * L * 2:] == b"\x5a" * 3 * L  # a bad payload is scattered nowhere
 
 
-@pytest.mark.parametrize("runs", [(4096, 4095), (4096, 4097), ()])
-def test_runs_that_do_not_add_up_to_the_payload_raise(runs):
+@pytest.mark.parametrize("case", ["short", "long", "outside", "negative", "int32", "sizes_differ", "two_items"])
+def test_runs_that_do_not_fit_raise(case):
     src, offs, lens, sums = _batch(n=2)
-    into = [None, tuple(bytearray(n) for n in runs)]
-    with pytest.raises(ValueError, match="buffer 1"):
+    base = bytearray(2 * L)
+    o, n = np.array([0, 4096], np.int64), np.array([4096, 4096], np.int64)
+    if case == "short":
+        n[1] -= 1
+    elif case == "long":
+        n[1] += 1
+    elif case == "outside":
+        o[1] = 2 * L - 100
+    elif case == "negative":
+        o[0] = -1
+    elif case == "int32":
+        o = o.astype(np.int32)
+    elif case == "sizes_differ":
+        o = np.array([0, 4096, 0], np.int64)
+    into = [None, (base, o, n) if case != "two_items" else (base, o)]
+    with pytest.raises(ValueError, match="into\\[1\\]|buffer 1"):
         submit(src, offs, lens, sums, np.ones(2, np.uint8), into)
 
 

@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from xxhash import xxh32_intdigest
@@ -185,7 +186,18 @@ class GetHandle(_Handle):
         return self._result
 
 
-Bufs = memoryview | tuple[memoryview, ...]  # one buffer, or runs an object spans in order
+class Runs(NamedTuple):
+    """An object's bytes as runs of one buffer, in order: ``base[off[k]:off[k] + lens[k]]`` (an
+    engine's page in its KV pool).  A few arrays per object rather than a Python object per run:
+    SGLang's process holds millions of objects, and a thousand runs per call set off full garbage
+    collections that stalled its restores 300 ms every third call."""
+
+    base: memoryview
+    off: np.ndarray  # int64
+    lens: np.ndarray  # int64
+
+
+Bufs = memoryview | Runs  # one buffer, or runs an object spans in order
 
 
 @dataclass(slots=True)
@@ -217,13 +229,13 @@ class _Reads:
 
 
 def _as_bufs(obj: object) -> Bufs:
-    if isinstance(obj, tuple):
-        return tuple(memoryview(b).cast("B") for b in obj)
+    if isinstance(obj, Runs):
+        return Runs(memoryview(obj.base).cast("B"), np.asarray(obj.off, np.int64), np.asarray(obj.lens, np.int64))
     return memoryview(obj).cast("B")
 
 
 def _bufs_len(d: Bufs) -> int:
-    return sum(map(len, d)) if isinstance(d, tuple) else len(d)
+    return int(d.lens.sum()) if isinstance(d, Runs) else len(d)
 
 
 def _sized(into: list[Bufs | None], lengths: np.ndarray) -> list[Bufs | None]:
@@ -233,15 +245,25 @@ def _sized(into: list[Bufs | None], lengths: np.ndarray) -> list[Bufs | None]:
 
 def _part(d: Bufs, start: int, n: int) -> Bufs:
     """Bytes [start, start + n) of an object's buffer or runs: one extent's share of it."""
-    if not isinstance(d, tuple):
+    if not isinstance(d, Runs):
         return d[start:start + n]
-    out, at = [], 0
-    for run in d:
-        lo, hi = max(start, at), min(start + n, at + len(run))
-        if lo < hi:
-            out.append(run[lo - at:hi - at])
-        at += len(run)
-    return tuple(out)
+    ends = np.cumsum(d.lens)
+    n = min(n, int(ends[-1]) - start)  # like a slice, the last part may be short
+    first, last = int(np.searchsorted(ends, start, "right")), int(np.searchsorted(ends, start + n, "left"))
+    off, lens = d.off[first:last + 1].copy(), d.lens[first:last + 1].copy()
+    cut = start - int(ends[first] - d.lens[first])  # bytes of the first run before start
+    off[0] += cut
+    lens[0] -= cut
+    lens[-1] -= int(ends[last]) - (start + n)  # bytes of the last run after the end
+    return Runs(d.base, off, lens)
+
+
+def _runs_of(d: Bufs) -> Iterable[tuple[np.ndarray, int]]:
+    """``(uint8 array, length)`` of each run, in order."""
+    if isinstance(d, Runs):
+        base = np.frombuffer(d.base, np.uint8)
+        return ((base[o:o + n], n) for o, n in zip(d.off.tolist(), d.lens.tolist()))
+    return ((np.frombuffer(d, np.uint8), len(d)),)
 
 
 def _hand_over(views: list, found: list[int], good: list[int], into: list[Bufs | None],
@@ -367,8 +389,8 @@ class KVStore:
     def submit_put(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> PutHandle:
         """Write ``(key, data)`` items; returns at once. Raises DriveFull when the pool has no room.
 
-        ``data`` is bytes-like, or a tuple of bytes-likes gathered in order (an engine page's runs,
-        copied straight into the store's buffers)."""
+        ``data`` is bytes-like, or :class:`Runs` gathered in order (an engine page's runs, copied
+        straight into the store's buffers)."""
         unit = self.config.stripe_unit - HEADER_SIZE
         full_ext = extent_size(unit)
         mvs = []
@@ -382,6 +404,7 @@ class KVStore:
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset
+        lease_arr = np.frombuffer(view, np.uint8)
         body, tail, h32, h3, write = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM, Op.WRITE
         place = self.placement.place
         staged: list[tuple[bytes, Entry, int]] = []
@@ -404,11 +427,11 @@ class KVStore:
                     ext_len = extent_size(c)
                     a = base + pos
                     p = payload_offset(c)
-                    if isinstance(chunk, tuple):
-                        at = a + p
-                        for run in chunk:
-                            mm[at:at + len(run)] = run
-                            at += len(run)
+                    if isinstance(chunk, Runs):
+                        at = pos + p
+                        for run, m in _runs_of(chunk):
+                            lease_arr[at:at + m] = run
+                            at += m
                         chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
                     else:
                         mm[a + p:a + p + c] = chunk
@@ -507,9 +530,9 @@ class KVStore:
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
         that object's payload, copied there once verified (by a copy that releases the GIL); the
-        result's views are then those buffers.  A tuple of buffers whose lengths add up to the
-        object's receives it scattered over them in order (an engine's page in per-layer runs);
-        that hit's view is then the tuple.  The extents are read into the buffer pool, not
+        result's views are then those buffers.  :class:`Runs` whose lengths add up to the
+        object's receive it scattered over them in order (an engine's page in per-layer runs);
+        that hit's view is then the Runs.  The extents are read into the buffer pool, not
         into the caller's memory: on this test machine O_DIRECT reads straight into 4 KiB-page
         shared memory (vLLM's primary tier) restored 5-12% slower than pool reads plus a copy (see
         docs/testbed.md).  On a miss the buffer is left as it was (but for the verified extents of an
@@ -674,10 +697,10 @@ class KVStore:
                 views[found[i]] = None
                 lost += 1
             else:
-                at = 0
-                for run in buf if isinstance(buf, tuple) else (buf,):
-                    np.copyto(np.frombuffer(run, np.uint8), np.frombuffer(v[at:at + len(run)], np.uint8))
-                    at += len(run)  # np.copyto releases the GIL
+                src, at = np.frombuffer(v, np.uint8), 0
+                for run, m in _runs_of(buf):
+                    np.copyto(run, src[at:at + m])  # releases the GIL
+                    at += m
                 views[found[i]] = buf
         return lost
 

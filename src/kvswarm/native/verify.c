@@ -22,12 +22,15 @@
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
+typedef struct { int64_t off, len; } Run; /* bytes [off, off + len) of a payload's destination buffer */
+
 typedef struct Job {
     PyObject_HEAD
     Py_buffer src, off, len, sum, ok;
-    Py_buffer *dst; /* every destination buffer, payload by payload */
-    Py_ssize_t *first; /* per payload i: its buffers are dst[first[i]] .. dst[first[i + 1] - 1] */
-    Py_ssize_t n, ndst; /* payloads; destination buffers held */
+    Py_buffer *dst;    /* per payload, the buffer it is copied into (.obj NULL: none) */
+    Run *runs;         /* payload i goes to runs[first[i]] .. runs[first[i + 1] - 1] of dst[i], in order */
+    Py_ssize_t *first;
+    Py_ssize_t n, nruns; /* payloads; runs allocated */
     int held;       /* how many of src, ok, off, len, sum are held */
     int queued;     /* handed to the worker: freeing it must wait until it is finished */
     int state;      /* 0 queued or running, 1 finished; written by the worker (atomics) */
@@ -52,9 +55,10 @@ static void run(Job *j) {
         const char *p = base + o[i];
         if (XXH3_64bits(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
         if (j->first == NULL) continue;
+        char *d = j->dst[i].buf;
         for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
-            memcpy(j->dst[s].buf, p, (size_t)j->dst[s].len);
-            p += j->dst[s].len;
+            memcpy(d + j->runs[s].off, p, (size_t)j->runs[s].len);
+            p += j->runs[s].len;
         }
     }
 }
@@ -129,11 +133,14 @@ static int wait_job(Job *j, double timeout) {
 }
 
 static void job_release(Job *j) {
-    for (Py_ssize_t s = 0; s < j->ndst; s++) PyBuffer_Release(&j->dst[s]);
-    j->ndst = 0;
+    if (j->dst != NULL)
+        for (Py_ssize_t i = 0; i < j->n; i++)
+            if (j->dst[i].obj != NULL) PyBuffer_Release(&j->dst[i]);
     PyMem_Free(j->dst);
+    PyMem_Free(j->runs);
     PyMem_Free(j->first);
     j->dst = NULL;
+    j->runs = NULL;
     j->first = NULL;
     Py_buffer *bufs[] = {&j->src, &j->ok, &j->off, &j->len, &j->sum};
     for (int k = 0; k < j->held; k++) PyBuffer_Release(bufs[k]);
@@ -202,13 +209,67 @@ static int hold_array(Job *j, PyObject *obj, Py_buffer *view, Py_ssize_t itemsiz
     return 0;
 }
 
+/* Payload i's destination: None, a buffer (one run, all of it) or (base, run_offsets, run_lengths). */
+static int hold_runs(Job *j, Py_ssize_t i, PyObject *b, int64_t want) {
+    j->first[i + 1] = j->first[i];
+    if (b == Py_None) return 0;
+    PyObject *base = b;
+    Py_buffer ob = {0}, lb = {0};
+    Py_ssize_t m = 1;
+    int rc = -1;
+    if (PyTuple_Check(b)) {
+        if (PyTuple_GET_SIZE(b) != 3) {
+            PyErr_Format(PyExc_ValueError, "into[%zd]: runs are (base, run_offsets, run_lengths)", i);
+            return -1;
+        }
+        base = PyTuple_GET_ITEM(b, 0);
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(b, 1), &ob, PyBUF_C_CONTIGUOUS) < 0) return -1;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(b, 2), &lb, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (ob.itemsize != 8 || lb.itemsize != 8 || ob.len != lb.len) {
+            PyErr_Format(PyExc_ValueError, "into[%zd]: run offsets and lengths must be int64 arrays of one size", i);
+            goto done;
+        }
+        m = ob.len / 8;
+    }
+    if (PyObject_GetBuffer(base, &j->dst[i], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto done;
+    if (j->first[i] + m > j->nruns) {
+        Py_ssize_t cap = (j->first[i] + m) * 2 + 16;
+        Run *r = PyMem_Realloc(j->runs, (size_t)cap * sizeof(Run));
+        if (r == NULL) { PyErr_NoMemory(); goto done; }
+        j->runs = r;
+        j->nruns = cap;
+    }
+    int64_t total = 0, size = j->dst[i].len;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t off = ob.obj ? ((const int64_t *)ob.buf)[k] : 0, len = ob.obj ? ((const int64_t *)lb.buf)[k] : size;
+        if (off < 0 || len < 0 || off > size - len) {
+            PyErr_Format(PyExc_ValueError, "into[%zd]: run %zd lies outside its buffer", i, k);
+            goto done;
+        }
+        j->runs[j->first[i] + k] = (Run){off, len};
+        total += len;
+    }
+    if (total != want) {
+        PyErr_Format(PyExc_ValueError, "buffer %zd holds %lld bytes, its payload %lld", i, (long long)total,
+                     (long long)want);
+        goto done;
+    }
+    j->first[i + 1] = j->first[i] + m;
+    rc = 0;
+done:
+    if (ob.obj) PyBuffer_Release(&ob);
+    if (lb.obj) PyBuffer_Release(&lb);
+    return rc;
+}
+
 PyDoc_STRVAR(submit_doc,
 "submit(src, offsets, lengths, checksums, ok, into) -> Job\n\n"
 "Queue a batch for the worker thread and return at once.  For each i with ok[i]: ok[i] becomes\n"
 "xxh3_64(src[offsets[i]:offsets[i] + lengths[i]]) == checksums[i]; where it still holds and\n"
 "into[i] is not None, that payload is copied into into[i]: a writable buffer of exactly\n"
-"lengths[i] bytes, or a tuple of writable buffers that it is scattered over in order (their\n"
-"lengths summing to lengths[i]; a host pool's page in runs).  offsets and lengths are int64 arrays, checksums uint64, ok uint8, updated\n"
+"lengths[i] bytes, or (base, run_offsets, run_lengths), a writable buffer and two int64 arrays:\n"
+"the payload is scattered over those runs of base in order (an engine page's runs in its KV\n"
+"pool; the lengths sum to lengths[i]).  offsets and lengths are int64 arrays, checksums uint64, ok uint8, updated\n"
 "in place: read it, and the buffers, only once the job is done.  Everything is bounds-checked\n"
 "here; the job holds every buffer until it is freed (freeing an unfinished job waits for it).");
 
@@ -219,8 +280,9 @@ static PyObject *submit(PyObject *self, PyObject *args) {
     Job *j = PyObject_New(Job, &JobType);
     if (j == NULL) return NULL;
     j->dst = NULL;
+    j->runs = NULL;
     j->first = NULL;
-    j->n = j->ndst = 0;
+    j->n = j->nruns = 0;
     j->held = j->queued = j->state = 0;
     j->next = NULL;
     if (PyObject_GetBuffer(src, &j->src, PyBUF_SIMPLE) < 0) goto fail;
@@ -244,29 +306,10 @@ static PyObject *submit(PyObject *self, PyObject *args) {
             goto fail;
         }
         j->first = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_ssize_t));
-        if (j->first == NULL) { PyErr_NoMemory(); goto fail; }
-        for (Py_ssize_t i = 0; i < j->n; i++) {
-            PyObject *b = PyList_GET_ITEM(into, i);
-            j->first[i + 1] = j->first[i] + (b == Py_None ? 0 : PyTuple_Check(b) ? PyTuple_GET_SIZE(b) : 1);
-        }
-        j->dst = PyMem_Calloc((size_t)j->first[j->n] + 1, sizeof(Py_buffer));
-        if (j->dst == NULL) { PyErr_NoMemory(); goto fail; }
-        for (Py_ssize_t i = 0; i < j->n; i++) {
-            PyObject *b = PyList_GET_ITEM(into, i);
-            int scatter = PyTuple_Check(b);
-            Py_ssize_t total = 0;
-            for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
-                PyObject *part = scatter ? PyTuple_GET_ITEM(b, s - j->first[i]) : b;
-                if (PyObject_GetBuffer(part, &j->dst[s], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto fail;
-                j->ndst++;
-                total += j->dst[s].len;
-            }
-            if (b != Py_None && total != l[i]) {
-                PyErr_Format(PyExc_ValueError, "buffer %zd holds %zd bytes, its payload %lld", i, total,
-                             (long long)l[i]);
-                goto fail;
-            }
-        }
+        j->dst = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_buffer));
+        if (j->first == NULL || j->dst == NULL) { PyErr_NoMemory(); goto fail; }
+        for (Py_ssize_t i = 0; i < j->n; i++)
+            if (hold_runs(j, i, PyList_GET_ITEM(into, i), l[i]) < 0) goto fail;
     }
     int err = 0;
     pthread_mutex_lock(&mu);

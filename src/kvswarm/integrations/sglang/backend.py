@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
-from kvswarm.store import KVStore, StoreConfig
+from kvswarm.store import KVStore, Runs, StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -176,20 +176,19 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return len(keys)
 
     # ---- v1: pages moved straight between the host pool and the store ----------------
-    def _page_segments(self, host_indices: torch.Tensor, n: int) -> list[list[tuple[int, int]]]:
-        """Per page, its (address, bytes) runs in flat-page order: every K run, then every V run."""
+    def _page_runs(self, host_indices: torch.Tensor, n: int) -> list[Runs]:
+        """Per page, its runs in the host pool (located with ``get_page_buffer_meta``) in flat-page
+        order, every K run then every V run, as :class:`Runs` of one view over the pool: the store
+        scatters into them and gathers from them."""
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        per = len(ptrs) // n
-        pages = []
-        for p in range(n):
-            runs = list(zip(ptrs[p * per:(p + 1) * per], sizes[p * per:(p + 1) * per]))
-            pages.append(runs[0::2] + runs[1::2])  # meta alternates K, V
-        return pages
-
-    def _page_runs(self, host_indices: torch.Tensor, n: int) -> list[tuple[ctypes.Array, ...]]:
-        """Per page, its runs in the host pool as buffers (the store scatters into / gathers from them)."""
-        return [tuple((ctypes.c_char * size).from_address(addr) for addr, size in page)
-                for page in self._page_segments(host_indices, n)]
+        at = np.asarray(ptrs, np.int64).reshape(n, -1)
+        size = np.asarray(sizes, np.int64).reshape(n, -1)
+        # The meta alternates K and V runs; a flat page holds every K run, then every V run.
+        at, size = np.hstack([at[:, 0::2], at[:, 1::2]]), np.hstack([size[:, 0::2], size[:, 1::2]])
+        lo, hi = int(at.min()), int((at + size).max())
+        base = memoryview((ctypes.c_char * (hi - lo)).from_address(lo)).cast("B")
+        at -= lo
+        return [Runs(base, at[p], size[p]) for p in range(n)]
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
