@@ -103,10 +103,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     # ---- store plumbing ------------------------------------------------------------
     def _read(self, keys: Sequence[bytes], into: Sequence[Any] | None = None, sink=None) -> list[bool]:
-        """Read ``keys``.  The store copies each verified hit into its ``into`` buffer, or scatters it
-        over a tuple of runs (see ``KVStore.submit_get``), on its native worker without the GIL,
-        which SGLang's scheduler thread holds most of the time; ``sink(i, memoryview)`` consumes
-        the hits without one (False: wrong size).  Bad pages are deleted."""
+        """Read ``keys``.  The store copies each verified hit into its ``into`` buffer, or scatters
+        it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on its native worker
+        without the GIL, which SGLang's scheduler thread holds most of the time; ``sink(i,
+        memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are deleted."""
         ok = [False] * len(keys)
         step = self.read_split
         handles = [(a, self.store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
