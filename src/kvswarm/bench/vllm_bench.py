@@ -41,7 +41,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswarm.bench.engine_host import EngineLoad, drop_caches, engine_loads, load_name, reexec_in_engine_venv
+from kvswarm.bench.engine_host import (
+    EngineLoad,
+    drop_caches,
+    engine_loads,
+    finish,
+    load_name,
+    reexec_in_engine_venv,
+    standalone_main,
+)
 from kvswarm.bench.raw import cpu_time
 from kvswarm.layout import KVLayout
 
@@ -96,14 +104,7 @@ def run(args: argparse.Namespace) -> int:
                                                    tb_rounds, console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["summary"] = summarize(results)
-    report(results, console)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-        plot(results, os.path.splitext(args.json)[0] + ".png")
-        console.print(f"wrote {args.json}")
-    return 0
+    return finish(results, summarize, report, console, args.json, plot)
 
 
 # ---- tiers ------------------------------------------------------------------------------
@@ -702,10 +703,7 @@ def plot(r: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvswarm.bench.vllm_bench``: this benchmark alone (no other CLI module imported)."""
-    p = argparse.ArgumentParser(prog="kvswarm bench vllm", description=__doc__)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return standalone_main("vllm", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":
