@@ -13,6 +13,7 @@ from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest, payload_offset
 from kvswarm.integrations.vllm.harness import JobRunner, Primary, keys_for, make_tier, offloading_spec
 from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE, auto_queue_depth
+from kvswarm.io.base import uring_available
 from kvswarm.layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", tokens_per_block=32,
@@ -182,6 +183,7 @@ def test_default_depth_is_about_32_mib_of_chunks_per_drive(drives, primary):
     assert auto_queue_depth(64 << 20) == 8 and auto_queue_depth(4096) == 128
     tier = open_tier(drives, primary)
     assert tier.store.engine.queue_depth == auto_queue_depth(LAYOUT.block_bytes) == 128
+    assert tier.store.engine.name == ("uring" if uring_available() else "threads")  # backend "auto"
     tier.shutdown()
     tier = open_tier(drives, primary, queue_depth=7)
     assert tier.store.engine.queue_depth == 7

@@ -157,7 +157,7 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  drives: list[str], capacity_per_drive: int = 1 << 30, meta_dir: str | None = None,
-                 backend: str = "threads", queue_depth: int | None = None, stripe_unit: int | None = None,
+                 backend: str = "auto", queue_depth: int | None = None, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 4 << 20, eviction: str = "lru",
