@@ -191,6 +191,7 @@ def test_corrupt_page_is_a_miss_and_dropped(drives):
     assert b.batch_exists(keys) == 2  # dropped: SGLang recomputes it and may store it again
     assert b.batch_set_v1(["p2"], pages(pool, 2, 1)) == [True]
     assert b.batch_exists(keys) == 4
+    assert b.forget(["p1", "p3", "never-stored"]) == 2 and b.batch_exists(keys) == 1
     b.close()
 
 

@@ -15,9 +15,9 @@ def test_bench_sglang_runs_checks_and_reports(tmp_path):
     s = r["summary"]
     for layout in ("layer_first", "page_first"):
         for load in ("none", "3of1"):
-            for name in ("file", "kvswarm"):
-                assert s[f"sglang_{layout}_load_{load}_{name}_restore_gbps"] > 0
-            assert s[f"sglang_{layout}_load_{load}_restore_speedup_vs_file"] > 0
-        assert s[f"sglang_{layout}_kvswarm_store_gbps"] > 0
+            for what in ("backup", "restore"):
+                for name in ("file", "kvswarm"):
+                    assert s[f"sglang_{layout}_load_{load}_{name}_{what}_gbps"] > 0
+                assert s[f"sglang_{layout}_load_{load}_{what}_speedup_vs_file"] > 0
     assert r["layouts"]["page_first"]["page_bytes"] == 30 * 2 * 64 * 3 * 64 * 2
     assert list(tmp_path.iterdir()) == [out]  # scratch directories removed

@@ -9,10 +9,11 @@ prefetch threads call them: ``_generic_page_set`` / ``_generic_page_get`` for th
 (how the controller drives a backend without the v1 interface), ``_page_set_zero_copy`` /
 ``_page_get_zero_copy`` for kvswarm (``interface_v1``).
 
-Per host-pool layout, every page is backed up once, then restored cold (page cache dropped) into
-other host pages, in rounds that alternate the backends' order, with no load and under each
+Per host-pool layout, in rounds that alternate the backends' order, with no load and under each
 engine load (:class:`~kvswarm.bench.engine_host.EngineLoad`: the scheduler thread holding the
-GIL).  Every restore is checked byte for byte against the pages backed up.
+GIL), each backend forgets every page, backs them all up and restores them cold (page cache
+dropped) into other host pages.  Every restore is checked byte for byte against the pages
+backed up.
 
 SGLang is imported only inside ``.venv-vllm`` (scripts/setup-vllm.sh); run from another
 interpreter this command re-executes itself there.
@@ -78,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
 class Case:
     """One backend on one host pool, driven through the cache controller's page functions."""
 
-    def __init__(self, name: str, backend, pool, get, put) -> None:
+    def __init__(self, name: str, backend, pool, get, put, forget) -> None:
         from sglang.srt.managers.cache_controller import STORAGE_BATCH_SIZE
 
         self.name, self.backend, self.pool, self.batch = name, backend, pool, STORAGE_BATCH_SIZE
         # The controller's methods read only these attributes of the controller.
         self.ctrl = SimpleNamespace(storage_host_pool=pool, storage_backend=backend, page_size=PAGE)
-        self._get, self._put = get, put
+        self._get, self._put, self.forget = get, put, forget
         self.op = SimpleNamespace(request_id=f"bench-{name}", is_terminated=lambda: False)
 
     def _batches(self, keys: list[str], first_page: int):
@@ -141,10 +142,11 @@ def open_cases(root: str, pool, pages: int, page_bytes: int) -> dict[str, Case]:
                 "capacity_per_drive": pages * (page_bytes + 64 * 1024) + 64 * MiB}
     kv_backend = StorageBackendFactory.create_backend("dynamic", storage_config("bench", kv_extra), pool)
     cases = {}
-    for name, backend, get, put in (("file", file_backend, C._generic_page_get, C._generic_page_set),
-                                    ("kvswarm", kv_backend, C._page_get_zero_copy, C._page_set_zero_copy)):
+    for name, backend, get, put, forget in (
+            ("file", file_backend, C._generic_page_get, C._generic_page_set, lambda keys: file_backend.clear()),
+            ("kvswarm", kv_backend, C._page_get_zero_copy, C._page_set_zero_copy, kv_backend.forget)):
         backend.register_mem_pool_host(pool)
-        cases[name] = Case(name, backend, pool, get, put)
+        cases[name] = Case(name, backend, pool, get, put, forget)
     return cases
 
 
@@ -165,35 +167,40 @@ def measure_layout(root: str, layout: str, pages: int, rounds: int, loads: list[
     cases = open_cases(root, pool, pages, page_bytes)
     keys = [f"{layout}-page{i:06d}" for i in range(pages)]
     blank = pool.get_dummy_flat_data_page().zero_()
-    out: dict = {"page_bytes": page_bytes, "store_gbps": {}, "restore_gbps_rounds": {}}
-    try:
-        for name, c in cases.items():
+    out: dict = {"page_bytes": page_bytes, "backup_gbps_rounds": {}, "restore_gbps_rounds": {}}
+
+    def timed(hold: float, idle: float, work) -> float:
+        host.drop_caches()
+        with host.EngineLoad(hold, idle):
             t0 = time.perf_counter()
-            c.backup(keys, 0)
-            out["store_gbps"][name] = total / (time.perf_counter() - t0) / 1e9
+            work()
+            return total / (time.perf_counter() - t0) / 1e9
+
+    try:
         for r in range(rounds):
             for hold, idle in loads:
+                load = host.load_name(hold, idle)
                 for name, c in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
+                    c.forget(keys)
+                    backup = timed(hold, idle, lambda: c.backup(keys, 0))
                     for i in range(pages, 2 * pages):
                         pool.set_from_flat_data_page(i * PAGE, blank)
-                    host.drop_caches()
-                    with host.EngineLoad(hold, idle):
-                        t0 = time.perf_counter()
-                        got = c.restore(keys, pages)
-                        dt = time.perf_counter() - t0
-                    if got != pages or not same_pages(pool, 0, pages, pages):
+                    got: list[int] = []
+                    restore = timed(hold, idle, lambda: got.append(c.restore(keys, pages)))
+                    if got != [pages] or not same_pages(pool, 0, pages, pages):
                         raise RuntimeError(f"{name} restored {got} of {pages} pages, or other bytes")
-                    out["restore_gbps_rounds"].setdefault(host.load_name(hold, idle), {}).setdefault(name, []).append(
-                        total / dt / 1e9)
+                    for what, gbps in (("backup", backup), ("restore", restore)):
+                        out[f"{what}_gbps_rounds"].setdefault(load, {}).setdefault(name, []).append(gbps)
     finally:
         for c in cases.values():
             if hasattr(c.backend, "close"):  # HiCacheFile has none
                 c.backend.close()
-    out["restore_gbps"] = {load: {n: float(np.median(g)) for n, g in per.items()}
-                           for load, per in out["restore_gbps_rounds"].items()}
-    for load, g in out["restore_gbps"].items():
-        console.print(f"  restore, scheduler holding the GIL {load} ms: file {g['file']:.2f}, kvswarm "
-                      f"{g['kvswarm']:.2f} GB/s (x{g['kvswarm'] / g['file']:.2f}; medians of {rounds})")
+    for what in ("backup", "restore"):
+        out[f"{what}_gbps"] = {load: {n: float(np.median(g)) for n, g in per.items()}
+                               for load, per in out[f"{what}_gbps_rounds"].items()}
+        for load, g in out[f"{what}_gbps"].items():
+            console.print(f"  {what}, scheduler holding the GIL {load} ms: file {g['file']:.2f}, kvswarm "
+                          f"{g['kvswarm']:.2f} GB/s (x{g['kvswarm'] / g['file']:.2f}; medians of {rounds})")
     return out
 
 
@@ -201,13 +208,12 @@ def measure_layout(root: str, layout: str, pages: int, rounds: int, loads: list[
 def summarize(r: dict) -> dict:
     s: dict = {}
     for layout, row in r["layouts"].items():
-        for name in BACKENDS:
-            s[f"sglang_{layout}_{name}_store_gbps"] = row["store_gbps"][name]
-        for load, g in row["restore_gbps"].items():
-            k = f"sglang_{layout}_load_{load.replace('/', 'of')}"
-            for name in BACKENDS:
-                s[f"{k}_{name}_restore_gbps"] = g[name]
-            s[f"{k}_restore_speedup_vs_file"] = g["kvswarm"] / g["file"]
+        for what in ("backup", "restore"):
+            for load, g in row[f"{what}_gbps"].items():
+                k = f"sglang_{layout}_load_{load.replace('/', 'of')}"
+                for name in BACKENDS:
+                    s[f"{k}_{name}_{what}_gbps"] = g[name]
+                s[f"{k}_{what}_speedup_vs_file"] = g["kvswarm"] / g["file"]
     return s
 
 
@@ -215,16 +221,17 @@ def report(r: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title="SGLang HiCache storage: file (SGLang built-in) vs kvswarm, through SGLang's cache controller")
-    t.caption = (f"{r['pages']} pages of {PAGE} tokens; restores cold, GB/s, medians of {r['rounds']} rounds; engine "
-                 "load: ms the scheduler thread holds the GIL / ms it sleeps; store: one backup (file: no fsync; "
-                 "kvswarm: durable)")
-    for c in ("host layout", "engine load", "file", "kvswarm", "kv/file", "store file / kv"):
+    t.caption = (f"{r['pages']} pages of {PAGE} tokens, GB/s, medians of {r['rounds']} rounds, caches dropped before "
+                 "each; engine load: ms the scheduler thread holds the GIL / ms it sleeps; backups: file leaves them "
+                 "in the page cache (no fsync), kvswarm's are durable")
+    for c in ("host layout", "engine load", "restore file", "restore kvswarm", "kv/file", "backup file",
+              "backup kvswarm", "kv/file "):
         t.add_column(c)
     for layout, row in r["layouts"].items():
-        st = row["store_gbps"]
         for load, g in row["restore_gbps"].items():
+            b = row["backup_gbps"][load]
             t.add_row(layout, load, f"{g['file']:.2f}", f"{g['kvswarm']:.2f}", f"x{g['kvswarm'] / g['file']:.2f}",
-                      f"{st['file']:.2f} / {st['kvswarm']:.2f}" if load == "none" else "")
+                      f"{b['file']:.2f}", f"{b['kvswarm']:.2f}", f"x{b['kvswarm'] / b['file']:.2f}")
     console.print(t)
 
 

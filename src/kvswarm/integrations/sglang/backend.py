@@ -266,6 +266,12 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return pool, [int(t.host_indices[i * page]) for i in range(len(keys))]
 
     # ---- housekeeping (clear() stays the base no-op: the store is persistent) ---------
+    def forget(self, keys: list[str]) -> int:
+        """Drop these pages (SGLang 0.5's interface has no delete); returns how many were stored."""
+        n = sum(self.store.delete(self._key(k)) for k in keys)
+        self.store.flush()  # their space is reused only once the deletes are durable
+        return n
+
     def get_stats(self):
         return None
 
