@@ -219,6 +219,7 @@ def test_reads_into_caller_buffers(tmp_path, backend):
         # A None buffer reads into the lease as usual; a buffer of another length is a miss.
         with s.submit_get([b"sectors", b"packed"], into=[None, _aligned(4096)]).wait() as r:
             assert bytes(r.views[0]) == _payload(b"sectors", 16384) and r.views[1] is None and r.misses == 1
+            assert r.failed == []  # the buffer was wrong, not the object
         with pytest.raises(ValueError):
             s.submit_get([b"sectors"], into=[])
 
@@ -299,12 +300,12 @@ def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite):
         for b in bufs:
             b[:] = b"\x5a" * 8192
         with s.submit_get([k for k, _ in items], into=bufs).wait() as r:
-            assert r.views[0] is None and r.views[1] is None and r.corrupt == 2
+            assert r.views[0] is None and r.views[1] is None and r.corrupt == 2 and r.failed == [0, 1]
             assert bytes(bufs[0]) == bytes(bufs[1]) == b"\x5a" * 8192
             assert [bytes(v) for v in r.views[2:]] == [v for _, v in items[2:]]
         s.fail_drive(0)
-        with s.submit_get([b"v2"], into=[_aligned(8192)]).wait() as r:
-            assert r.views == [None] and r.misses == 1
+        with s.submit_get([b"v2", b"absent"], into=[_aligned(8192), None]).wait() as r:
+            assert r.views == [None, None] and r.misses == 2 and r.failed == [0]
 
 
 def test_enospc_gives_drivefull_and_store_survives(tmp_path, backend):

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -106,6 +106,9 @@ class GetResult:
     lease: Lease | None
     misses: int = 0
     corrupt: int = 0
+    # Keys (indices) that are stored but read back corrupt, torn or not at all (I/O error, failed
+    # drive): a caller may drop them.  A miss for a buffer of the wrong length is not one of them.
+    failed: list[int] = field(default_factory=list)
 
     def release(self) -> None:
         if self.lease is not None:
@@ -643,6 +646,7 @@ class KVStore:
         n = len(keys)
         views: list[memoryview | bytes | None] = [None] * n
         hits = corrupt = 0
+        failed: list[int] = []
         if check is not None:
             ok, single, payloads = check.ok, check.single, check.payloads
             if single:
@@ -670,6 +674,7 @@ class KVStore:
             elif reads.into is not None:
                 hits -= self._copy_into(views, found, good, reads.into)
             for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
+                failed.append(found[i])
                 j = i if single else int(first[i])
                 while ok[j]:
                     j += 1
@@ -682,7 +687,7 @@ class KVStore:
         self.counters["hits"] += hits
         self.counters["misses"] += n - hits
         self.counters["corrupt"] += corrupt
-        return GetResult(keys, views, lease, n - hits, corrupt)
+        return GetResult(keys, views, lease, n - hits, corrupt, failed)
 
     @staticmethod
     def _copy_into(views: list, found: list[int], good: list[int], into: list[Bufs | None]) -> int:

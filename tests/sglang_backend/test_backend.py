@@ -115,6 +115,7 @@ def test_generic_and_zero_copy_paths_share_pages(drives, layout):
     got = b.batch_get(["a", "c"])  # no targets: tensors of their own
     assert torch.equal(got[0].view(-1), want[0].view(-1)) and torch.equal(got[1].view(-1), want[1].view(-1))
     assert b.get("b", torch.zeros(dummy.numel() - 1, dtype=dummy.dtype)) is None  # a target of the wrong size
+    assert b.exists("b")  # ... is a miss, not a bad page
     b.close()
 
 

@@ -106,7 +106,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         """Read ``keys``.  The store copies each verified hit into its ``into`` buffer, or scatters
         it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on its native worker
         without the GIL, which SGLang's scheduler thread holds most of the time; ``sink(i,
-        memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are deleted."""
+        memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are deleted; a
+        page that does not fit its target is a miss, and stays."""
         ok = [False] * len(keys)
         step = self.read_split
         handles = [(a, self.store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
@@ -118,9 +119,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                         continue
                     if sink is None or (into is not None and into[i] is not None) or sink(i, view) is not False:
                         ok[i] = True
-        for i, k in enumerate(keys):
-            if not ok[i] and self.store.contains(k):
-                self.store.delete(k)  # corrupt or unreadable: recompute rather than loop on it
+                for i in res.failed:  # corrupt or unreadable: recompute rather than loop on it
+                    self.store.delete(keys[a + i])
         return ok
 
     def _write(self, keys: Sequence[bytes], payloads) -> list[bool]:
