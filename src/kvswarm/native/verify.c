@@ -264,13 +264,13 @@ done:
 
 PyDoc_STRVAR(submit_doc,
 "submit(src, offsets, lengths, checksums, ok, into) -> Job\n\n"
-"Queue a batch for the worker thread and return at once.  For each i with ok[i]: ok[i] becomes\n"
+"Queue a batch for the worker threads and return at once.  For each i with ok[i]: ok[i] becomes\n"
 "xxh3_64(src[offsets[i]:offsets[i] + lengths[i]]) == checksums[i]; where it still holds and\n"
 "into[i] is not None, that payload is copied into into[i]: a writable buffer of exactly\n"
 "lengths[i] bytes, or (base, run_offsets, run_lengths), a writable buffer and two int64 arrays:\n"
 "the payload is scattered over those runs of base in order (an engine page's runs in its KV\n"
-"pool; the lengths sum to lengths[i]).  offsets and lengths are int64 arrays, checksums uint64, ok uint8, updated\n"
-"in place: read it, and the buffers, only once the job is done.  Everything is bounds-checked\n"
+"pool; the lengths sum to lengths[i]).  offsets and lengths are int64 arrays, checksums uint64,\n"
+"ok uint8, updated in place: read it, and the buffers, only once the job is done.  Everything is bounds-checked\n"
 "here; the job holds every buffer until it is freed (freeing an unfinished job waits for it).");
 
 static PyObject *submit(PyObject *self, PyObject *args) {
