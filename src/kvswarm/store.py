@@ -233,7 +233,8 @@ class _Reads:
 
 def _as_bufs(obj: object) -> Bufs:
     if isinstance(obj, Runs):
-        return Runs(memoryview(obj.base).cast("B"), np.asarray(obj.off, np.int64), np.asarray(obj.lens, np.int64))
+        return Runs(memoryview(obj.base).cast("B"), np.ascontiguousarray(obj.off, np.int64),
+                    np.ascontiguousarray(obj.lens, np.int64))  # the native worker reads them as C arrays
     return memoryview(obj).cast("B")
 
 

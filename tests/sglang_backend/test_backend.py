@@ -1,6 +1,6 @@
 """KVSwarmHiCacheStorage against SGLang 0.5.x's real HiCacheStorage contract, backend factory
-and MHA host pools (CPU): round trips on every host layout, zero-copy and generic paths
-reading each other's pages, prefix existence, persistence, isolation, corruption, v2 pools."""
+and host pools (CPU: MHA, MLA, Mamba): round trips on every host layout, zero-copy and generic
+paths reading each other's pages, prefix existence, persistence, isolation, corruption, v2 pools."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -15,26 +16,47 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolName,
     PoolTransfer,
 )
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
 
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest, payload_offset
 from kvswarm.integrations.sglang import KVSwarmHiCacheStorage
+from kvswarm.integrations.sglang.backend import flat_order
 
 PAGE, LAYERS, HEADS, DIM = 16, 3, 2, 64
 LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+POOLS = [("mha", layout) for layout in [*LAYOUTS, "page_head"]] + [("mla", layout) for layout in LAYOUTS]
 
 
-def host_pool(layout: str, seed: int = 0) -> MHATokenToKVPoolHost:
-    dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
-                           end_layer=LAYERS - 1)
-    pool = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout, pin_memory=False,
-                                device_capacity_tokens=dev.size, start_layer=dev.start_layer,
-                                end_layer=dev.end_layer, write_back_staging=dev.hicache_write_back_staging)
+def host_pool(layout: str, seed: int = 0, kind: str = "mha") -> MHATokenToKVPoolHost | MLATokenToKVPoolHost:
+    if kind == "mla":  # DeepSeek-style latent KV: one run per layer, no K/V split
+        dev = MLATokenToKVPool(256, PAGE, torch.bfloat16, DIM, DIM // 2, LAYERS, "cpu", False, start_layer=0,
+                               end_layer=LAYERS - 1)
+        pool = MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
+                                    pin_memory=False, device_capacity_tokens=dev.size, start_layer=0,
+                                    end_layer=LAYERS - 1, target_layer_num=LAYERS)
+    else:
+        dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
+                               end_layer=LAYERS - 1)
+        pool = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
+                                    pin_memory=False, device_capacity_tokens=dev.size, start_layer=dev.start_layer,
+                                    end_layer=dev.end_layer, write_back_staging=dev.hicache_write_back_staging)
     g = torch.Generator().manual_seed(seed)
     pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape, generator=g).to(pool.kv_buffer.dtype))
+    return pool
+
+
+def mamba_pool(seed: int = 0) -> MambaPoolHost:
+    """A hybrid model's Mamba state pool: one state per page, assembled from two buffers by copy."""
+    info = MambaStateBufferInfo(temporal=torch.zeros(LAYERS, 8, 4, DIM), conv=(torch.zeros(LAYERS, 8, 3, DIM),))
+    pool = MambaPoolHost(info, 2, 0, device_capacity=8, pin_memory=False, layout="page_first")
+    g = torch.Generator().manual_seed(seed)
+    for buf in (pool.temporal_buffer, *pool.conv_buffer):
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
     return pool
 
 
@@ -98,9 +120,16 @@ def test_v1_round_trip_and_prefix_exists(drives, layout):
     b.close()
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_generic_and_zero_copy_paths_share_pages(drives, layout):
-    pool = host_pool(layout)
+def test_zero_copy_runs_follow_the_flat_page():
+    assert flat_order(host_pool("layer_first")).tolist() == [0, 2, 4, 1, 3, 5]  # K, V per layer -> K..., V...
+    assert flat_order(host_pool("page_first")).tolist() == [0, 1]
+    assert flat_order(host_pool("layer_first", kind="mla")).tolist() == [0, 1, 2]  # layers in order
+    assert flat_order(mamba_pool()) is None  # its pages are copies: moved through its flat-page methods
+
+
+@pytest.mark.parametrize("kind,layout", POOLS)
+def test_generic_and_zero_copy_paths_share_pages(drives, kind, layout):
+    pool = host_pool(layout, kind=kind)
     b = open_backend(drives, pool)
     src = pages(pool, 0, 2)
     want = page_data(pool, src, 2)
@@ -215,4 +244,20 @@ def test_v2_pools_and_trailing_hit_policy(drives):
     out = b.batch_get_v2([PoolTransfer(PoolName.SWA, host_indices=pages(swa, 9, 1), keys=keys[-1:])])
     assert out == {PoolName.SWA: [True]}
     assert torch.equal(page_data(swa, pages(swa, 9, 1), 1)[0], want)
+    b.close()
+
+
+def test_v2_pool_without_zero_copy_runs_moves_flat_pages(drives):
+    kv, mamba = host_pool("page_first"), mamba_pool(3)
+    b = open_backend(drives, kv)
+    b.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    keys = ["m0", "m1"]
+    want = [mamba.get_data_page(i, flat=True).clone() for i in (1, 2)]
+    assert b.batch_set_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([1, 2]), keys=keys)]) == \
+        {PoolName.MAMBA: [True, True]}
+    out = b.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([5, 6]), keys=keys)])
+    assert out == {PoolName.MAMBA: [True, True]}
+    assert all(torch.equal(mamba.get_data_page(i, flat=True), w) for i, w in zip((5, 6), want))
+    bad = b.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([5]), keys=keys)])
+    assert bad == {PoolName.MAMBA: [False, False]}  # indices that do not match the keys: nothing moved
     b.close()

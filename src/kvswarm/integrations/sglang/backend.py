@@ -7,12 +7,14 @@ Loaded by ``--hicache-storage-backend dynamic`` with the extra config::
      "drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736, "tenant": ""}
 
 One page is one store object, keyed by SGLang's page hash plus the layout
-fingerprint (model, TP/PP rank, host-pool layout, page size, heads, dtype) and the
-tenant salt.  A page's bytes are the host pool's flat data page (all K, then all V),
-whichever interface moved it, so the zero-copy path (``batch_get_v1`` /
-``batch_set_v1``, straight between the pool's K/V runs and the store's aligned buffers)
-and the generic tensor path (``get`` / ``batch_get`` / ``set`` / ``batch_set``) read
-each other's pages.  Reads are checksummed by the store, and verified pages are copied
+fingerprint (model, TP/PP rank, host-pool type and layout, page size, heads, dtype) and the
+tenant salt.  A page's bytes are the host pool's flat data page (for MHA: all K, then all
+V), whichever interface moved it, so the zero-copy path (``batch_get_v1`` /
+``batch_set_v1``, and ``_v2`` for hybrid models' pools: straight between the pool's runs
+and the store's aligned buffers) and the generic tensor path (``get`` / ``batch_get`` /
+``set`` / ``batch_set``) read each other's pages.  A pool without zero-copy runs in that
+order (Mamba state pools, whose pages are assembled copies) moves its pages through its
+flat-page methods instead.  Reads are checksummed by the store, and verified pages are copied
 into the pool (or the caller's tensors) by its native worker, without the GIL: a bad
 page is deleted and reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
 opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive.
@@ -59,7 +61,42 @@ def pool_layout(cfg: HiCacheStorageConfig, pool: Any | None) -> KVLayout:
     return KVLayout(num_layers=pool.layer_num, num_kv_heads=getattr(pool, "head_num", 1),
                     head_dim=getattr(pool, "head_dim", 1), dtype=layout_dtype(str(pool.dtype)),
                     tokens_per_block=pool.page_size,
-                    model_id=f"{ident}|layout={pool.layout}|{type(pool).__name__}")
+                    model_id=f"{ident}|layout={pool.layout}|{type(pool).__name__}|bytes=flat-page")
+
+
+def view_runs(t: torch.Tensor) -> list[tuple[int, int]]:
+    """``(address, bytes)`` of a strided tensor's contiguous runs, in its flat (row-major) order."""
+    dims = [(n, s) for n, s in zip(t.shape, t.stride()) if n != 1]
+    run = 1
+    while dims and dims[-1][1] == run:  # trailing dims laid out densely make one run
+        run *= dims.pop()[0]
+    offs = np.zeros(1, np.int64)
+    for n, s in dims:
+        offs = (offs[:, None] + np.arange(n, dtype=np.int64) * s).ravel()
+    size = run * t.element_size()
+    at = t.data_ptr() + offs * t.element_size()
+    first = np.flatnonzero(np.r_[True, at[1:] != at[:-1] + size])  # runs that follow on in memory are one
+    return list(zip(at[first].tolist(), (np.diff(np.r_[first, len(at)]) * size).tolist()))
+
+
+def flat_order(pool: Any) -> np.ndarray | None:
+    """Which of a page's zero-copy runs (``get_page_buffer_meta``) hold its flat data page
+    (``get_data_page(flat=True)``, the bytes the generic path stores), in that page's order: so
+    both paths store the same bytes per page.  MHA pools list a page's runs K, V per layer, while
+    its flat page holds every K, then every V; MLA's are in order already.  Derived from host page
+    0's unflattened page, a view into the pool.  None when the pool has no such runs (its meta
+    raises, or its page is a copy, or other bytes): its pages then move through
+    ``get_data_page`` / ``set_from_flat_data_page``."""
+    try:
+        ptrs, sizes = pool.get_page_buffer_meta(torch.arange(pool.page_size, dtype=torch.int64))
+        runs = view_runs(pool.get_data_page(0, flat=False))
+        column = {(int(p), int(n)): j for j, (p, n) in enumerate(zip(ptrs, sizes))}
+    except (NotImplementedError, ValueError, TypeError, AttributeError):
+        return None
+    order = [column.get(r) for r in runs]
+    if None in order or sorted(order) != list(range(len(column))):
+        return None
+    return np.array(order, np.int64)
 
 
 class KVSwarmHiCacheStorage(HiCacheStorage):
@@ -88,6 +125,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         # have no thread of their own to do it in the background).
         self.store.pool.populate()
         self.mem_pool_host = None
+        self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
         log.info("kvswarm HiCache backend: %d drives, %d pages, catalog loaded in %.3f s",
                  len(paths), len(self.store), self.store.reopen_seconds)
@@ -175,29 +213,75 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                 return i
         return len(keys)
 
-    # ---- v1: pages moved straight between the host pool and the store ----------------
-    def _page_runs(self, host_indices: torch.Tensor, n: int) -> list[Runs]:
+    # ---- pages of a host pool: zero-copy runs where the pool has them, else flat pages ------
+    def _flat_order(self, pool) -> np.ndarray | None:
+        """The pool's :func:`flat_order`, derived once per pool."""
+        key = id(pool)
+        if key not in self._orders:
+            self._orders[key] = flat_order(pool)
+            if self._orders[key] is None:
+                log.info("kvswarm HiCache backend: %s (%s) has no zero-copy runs in flat-page order; its pages "
+                         "move through get_data_page / set_from_flat_data_page", type(pool).__name__,
+                         getattr(pool, "layout", "?"))
+        return self._orders[key]
+
+    def _page_runs(self, pool, order: np.ndarray, host_indices: torch.Tensor, n: int) -> list[Runs]:
         """Per page, its runs in the host pool (located with ``get_page_buffer_meta``) in flat-page
-        order, every K run then every V run, as :class:`Runs` of one view over the pool: the store
-        scatters into them and gathers from them."""
-        ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
-        at = np.asarray(ptrs, np.int64).reshape(n, -1)
-        size = np.asarray(sizes, np.int64).reshape(n, -1)
-        # The meta alternates K and V runs; a flat page holds every K run, then every V run.
-        at, size = np.hstack([at[:, 0::2], at[:, 1::2]]), np.hstack([size[:, 0::2], size[:, 1::2]])
+        order, as :class:`Runs` of one view over the pool: the store scatters into them and
+        gathers from them."""
+        ptrs, sizes = pool.get_page_buffer_meta(host_indices)
+        at = np.asarray(ptrs, np.int64).reshape(n, -1)[:, order]
+        size = np.asarray(sizes, np.int64).reshape(n, -1)[:, order]
         lo, hi = int(at.min()), int((at + size).max())
         base = memoryview((ctypes.c_char * (hi - lo)).from_address(lo)).cast("B")
         at -= lo
         return [Runs(base, at[p], size[p]) for p in range(n)]
 
+    def _page_starts(self, pool, keys: Sequence[Any], host_indices: torch.Tensor | None) -> list[int] | None:
+        """Each page's first host index; None (and logged) when the indices do not match the keys."""
+        page = getattr(pool, "page_size", 1) or 1
+        if host_indices is None or host_indices.numel() != len(keys) * page:
+            log.error("kvswarm HiCache backend: %d host indices for %d pages of %d tokens",
+                      0 if host_indices is None else host_indices.numel(), len(keys), page)
+            return None
+        return host_indices[::page].tolist()
+
+    def _get_pages(self, pool, keys: list[bytes], host_indices: torch.Tensor | None) -> list[bool]:
+        starts = self._page_starts(pool, keys, host_indices)
+        if starts is None:
+            return [False] * len(keys)
+        order = self._flat_order(pool)
+        if order is not None:
+            return self._read(keys, self._page_runs(pool, order, host_indices, len(keys)))
+        dummy = pool.get_dummy_flat_data_page()
+        nbytes = dummy.numel() * dummy.element_size()
+
+        def sink(i: int, view: memoryview) -> bool:
+            if len(view) != nbytes:
+                return False
+            pool.set_from_flat_data_page(starts[i], torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype))
+            return True
+
+        return self._read(keys, sink=sink)
+
+    def _put_pages(self, pool, keys: list[bytes], host_indices: torch.Tensor | None) -> list[bool]:
+        starts = self._page_starts(pool, keys, host_indices)
+        if starts is None:
+            return [False] * len(keys)
+        order = self._flat_order(pool)
+        if order is not None:
+            runs = self._page_runs(pool, order, host_indices, len(keys))
+            return self._write(keys, runs.__getitem__)  # gathered by the store
+        return self._write(keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)))
+
+    # ---- v1: the anchor (KV) pool ------------------------------------------------------
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        return self._read([self._key(k) for k in keys], self._page_runs(host_indices, len(keys)))
+        return self._get_pages(self.mem_pool_host, [self._key(k) for k in keys], host_indices)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        runs = self._page_runs(host_indices, len(keys))
-        return self._write([self._key(k) for k in keys], runs.__getitem__)  # gathered by the store
+        return self._put_pages(self.mem_pool_host, [self._key(k) for k in keys], host_indices)
 
     # ---- v2: several host pools (hybrid models, sidecar pools) --------------------------
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
@@ -224,46 +308,25 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        def get(t: PoolTransfer, pool, offsets: list[int]) -> list[bool]:
-            dummy = pool.get_dummy_flat_data_page()
-            nbytes = dummy.numel() * dummy.element_size()
-
-            def sink(i: int, view: memoryview) -> bool:
-                if len(view) != nbytes:
-                    return False
-                page = torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype)
-                pool.set_from_flat_data_page(offsets[i], page)
-                return True
-
-            return self._read([self._key(k, t.name) for k in t.keys], sink=sink)
-
-        return self._each_transfer(transfers, get)
+        return self._each_transfer(transfers, self._get_pages)
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        def put(t: PoolTransfer, pool, offsets: list[int]) -> list[bool]:
-            return self._write([self._key(k, t.name) for k in t.keys],
-                               lambda i: _tensor_bytes(pool.get_data_page(offsets[i], flat=True)))
-
-        return self._each_transfer(transfers, put)
+        return self._each_transfer(transfers, self._put_pages)
 
     def _each_transfer(self, transfers: list[PoolTransfer], run) -> dict[str, list[bool]]:
-        """``run(transfer, pool, offsets)`` per transfer; one whose pool pages are unknown fails whole."""
+        """``run(pool, keys, host_indices)`` per transfer; one whose pool is not registered fails whole."""
         out = {}
-        for t in transfers:
-            pool, offsets = self._pool_pages(t)
-            out[t.name] = [False] * len(t.keys or []) if offsets is None else run(t, pool, offsets)
-        return out
-
-    def _pool_pages(self, t: PoolTransfer) -> tuple[Any, list[int] | None]:
         pools = getattr(self, "registered_pools", {})
-        pool = pools.get(t.name) or (self.mem_pool_host if t.name == PoolName.KV else None)
-        keys = t.keys or []
-        page = getattr(pool, "page_size", 1) or 1
-        if pool is None or t.host_indices is None or t.host_indices.numel() != len(keys) * page:
-            log.error("kvswarm HiCache backend: pool %s not registered or indices do not match keys", t.name)
-            return pool, None
-        return pool, [int(t.host_indices[i * page]) for i in range(len(keys))]
+        for t in transfers:
+            pool = pools.get(t.name) or (self.mem_pool_host if t.name == PoolName.KV else None)
+            keys = [self._key(k, t.name) for k in t.keys or []]
+            if pool is None:
+                log.error("kvswarm HiCache backend: pool %s is not registered", t.name)
+                out[t.name] = [False] * len(keys)
+            else:
+                out[t.name] = run(pool, keys, t.host_indices)
+        return out
 
     # ---- housekeeping (clear() stays the base no-op: the store is persistent) ---------
     def forget(self, keys: list[str]) -> int:
