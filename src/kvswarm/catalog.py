@@ -6,6 +6,12 @@ A checkpoint is written to a temporary file, fsynced and renamed over the old on
 carries the *epoch* of the journal that continues it, so a crash between checkpoint and
 journal reset never replays stale records.  Torn journal tails fail their checksum and
 end the replay.  See docs/format.md.
+
+A catalog opened with ``follow=True`` belongs to a reader in another process: it writes
+nothing, and :meth:`Catalog.refresh` applies what the writer has journaled since (a new
+journal epoch, after the writer's checkpoint, reloads it whole).  Its view may lag the
+writer's; the store's per-extent header check (digest, generation, checksum) turns a read
+of an extent the writer has since reused into a miss.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import gc
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -132,24 +139,34 @@ class Entries(Mapping[bytes, Entry]):
 
 
 class Catalog:
-    def __init__(self, meta_dir: str, checkpoint_every: int = 500_000) -> None:
+    def __init__(self, meta_dir: str, checkpoint_every: int = 500_000, follow: bool = False) -> None:
         self.meta_dir = meta_dir
         self.checkpoint_every = checkpoint_every
+        self.follow = follow
+        self._lock = threading.Lock()
         self._index: dict[bytes, int] = {}  # digest -> row
+        self.entries = Entries(self)
+        self._pending: list[bytes] = []
+        self._clear()
+        self._jfd = -1
+        # follow: the journal file read (inode) and the bytes of it applied (None: not this epoch's)
+        self._followed: tuple[int | None, int | None] = (None, None)
+        self._load()
+        if not follow:
+            self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
+
+    def _clear(self) -> None:
+        """The empty table (the index is cleared in place: callers hold live views of its keys)."""
+        self._index.clear()
         self._rows = np.zeros(1024, ROW_DTYPE)
         self._used = 0  # rows ever handed out (free rows below it are in _free_rows)
         self._free_rows: list[int] = []
         self._multi: dict[int, tuple[Extent, ...]] = {}  # row -> every extent, for objects of several
-        self.entries = Entries(self)
         self.next_generation = 1
         self.epoch = 0
         self.replayed = 0
         self.torn_tail = False
-        self._pending: list[bytes] = []
         self._records_since_ckpt = 0
-        self._lock = threading.Lock()
-        self._load()
-        self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.meta_dir, name)
@@ -197,20 +214,78 @@ class Catalog:
 
     # ---- recovery ------------------------------------------------------------------
     def _load(self) -> None:
-        os.makedirs(self.meta_dir, exist_ok=True)
+        if not self.follow:
+            os.makedirs(self.meta_dir, exist_ok=True)
+        # A follower may read the writer's new checkpoint and the journal it is about to replace
+        # (or the reverse): a few ms apart, so it tries again before settling for the checkpoint.
+        for attempt in range(100 if self.follow else 1):
+            if attempt:
+                time.sleep(0.01)
+                self._clear()
+            if self._load_once():
+                return
+
+    def _load_once(self) -> bool:
+        """Checkpoint, then the journal that continues it; False: a follower read a journal of
+        another epoch (``_followed`` then waits for the next journal file)."""
         with _no_gc():
             ck = self._path(CHECKPOINT)
             if os.path.exists(ck):
                 self._load_checkpoint(ck)
             jp = self._path(JOURNAL)
+            ino = None
             if os.path.exists(jp):
                 with open(jp, "rb") as f:
+                    ino = os.fstat(f.fileno()).st_ino
                     data = f.read()
                 if len(data) >= _JHDR.size and _JHDR.unpack_from(data)[0] == _J_MAGIC \
                         and _JHDR.unpack_from(data)[1] == self.epoch:
-                    self._replay(data)
-                    return
-            self._reset_journal()
+                    end = self._replay(data, _JHDR.size)
+                    if self.follow:  # a torn tail is the writer's append in progress: read again later
+                        self._followed = (ino, end)
+                    elif self.torn_tail:  # cut the torn record off, so that later appends follow a valid one
+                        with open(jp, "r+b") as f:
+                            f.truncate(end)
+                            os.fsync(f.fileno())
+                    return True
+            if not self.follow:
+                self._reset_journal()
+                return True
+            self._followed = (ino, None)
+            return ino is None  # no journal yet: the writer has not started one
+
+    def refresh(self) -> bool:
+        """A following catalog: apply the records the writer has journaled since the last call;
+        True if there were any.  One ``stat`` when nothing changed; a new journal file (the
+        writer checkpointed) reloads the whole catalog."""
+        if not self.follow:
+            raise KVSwarmError("refresh() is for a catalog opened with follow=True")
+        jp = self._path(JOURNAL)
+        try:
+            st = os.stat(jp)
+        except FileNotFoundError:
+            return False
+        with self._lock:
+            ino, applied = self._followed
+            if st.st_ino == ino:
+                if applied is None or st.st_size <= applied:
+                    return False
+                try:
+                    fd = os.open(jp, os.O_RDONLY)
+                except FileNotFoundError:
+                    return False
+                try:
+                    if os.fstat(fd).st_ino != ino:  # replaced between the stat and the open: next call
+                        return False
+                    data = os.pread(fd, st.st_size - applied, applied)
+                finally:
+                    os.close(fd)
+                before = self.replayed
+                self._followed = (ino, applied + self._replay(data, 0))
+                return self.replayed > before
+            self._clear()
+            self._load()
+            return True
 
     def _load_checkpoint(self, path: str) -> None:
         with open(path, "rb") as f:
@@ -237,12 +312,13 @@ class Catalog:
             s, k = int(starts[i]), int(first["parts"][i])
             self._multi[i] = tuple(zip(arr["drive"][s:s + k].tolist(), arr["offset"][s:s + k].tolist(),
                                        arr["length"][s:s + k].tolist(), arr["csum"][s:s + k].tolist()))
-        self._index = dict(zip(t["digest"][:n].tolist(), range(n)))
+        self._index.update(zip(t["digest"][:n].tolist(), range(n)))
 
-    def _replay(self, data: bytes) -> None:
-        """Apply the journal's records: one Python step per record finds and checks it; the
-        records that survive (the last one per digest) are then parsed as arrays."""
-        pos, n = _JHDR.size, len(data)
+    def _replay(self, data: bytes, pos: int) -> int:
+        """Apply the journal's records in ``data`` from ``pos``; returns where the last whole one
+        ends.  One Python step per record finds and checks it; the records that survive (the last
+        one per digest) are then parsed as arrays."""
+        n = len(data)
         latest: dict[bytes, int] = {}  # digest -> its last put (index into ``puts``), -1: deleted
         puts: list[int] = []  # offsets of put records
         view = memoryview(data)
@@ -291,12 +367,8 @@ class Catalog:
                                      "csum": exts["csum"]}, multi)
         self.replayed += replayed
         self.torn_tail = pos != n
-        if self.torn_tail:
-            # Cut the torn record off so that later appends follow a valid one.
-            with open(self._path(JOURNAL), "r+b") as f:
-                f.truncate(pos)
-                os.fsync(f.fileno())
         self._records_since_ckpt = self.replayed
+        return pos
 
     def _reset_journal(self) -> None:
         tmp = self._path(JOURNAL + ".tmp")
@@ -333,6 +405,8 @@ class Catalog:
 
         New digests enter the index only after their rows are written: a reader on another
         thread never finds a digest whose row is still empty."""
+        if self.follow:
+            raise KVSwarmError("a following catalog is read-only: its writer records puts")
         out: list[Entry | None] = []
         index = self._index
         with self._lock:
@@ -375,7 +449,8 @@ class Catalog:
                 return None
             old = self._entry(row)
             self._drop(row)
-            self._append(_encode(OP_DEL, digest, None))
+            if not self.follow:  # a follower only forgets it (until the writer journals it again)
+                self._append(_encode(OP_DEL, digest, None))
             return old
 
     def get(self, digest: bytes) -> Entry | None:
@@ -465,6 +540,8 @@ class Catalog:
 
     def sync(self) -> None:
         """Make every record appended so far durable (the caller synced the data first)."""
+        if self.follow:
+            return
         with self._lock:
             self._write_pending()
             os.fsync(self._jfd)
@@ -474,6 +551,8 @@ class Catalog:
 
     def checkpoint(self) -> None:
         """Write the whole catalog as one checkpoint and start a fresh journal epoch."""
+        if self.follow:
+            raise KVSwarmError("a following catalog is read-only: its writer checkpoints")
         with self._lock:
             self._write_pending()
             body = self._checkpoint_rows().tobytes()

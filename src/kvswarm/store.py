@@ -82,6 +82,9 @@ class StoreConfig:
     # The store's I/O is driven from one thread only (a driver thread, a benchmark loop): lets the
     # io_uring engine leave completions until that thread next enters the kernel (less CPU).
     single_thread_io: bool = False
+    # Read another process's store (its one writer keeps it): nothing is written, not even the
+    # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
+    follow: bool = False
 
     def __post_init__(self) -> None:
         if not self.drives:
@@ -307,17 +310,19 @@ class KVStore:
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
         self.meta_dir = meta
-        os.makedirs(meta, exist_ok=True)
+        if self._creates:
+            os.makedirs(meta, exist_ok=True)
         self.store_uuid = self._manifest(config)
         kinds = config.drive_kinds or ["ssd"] * len(config.drives)
         self.drives: list[Drive] = []
         try:
             for i, p in enumerate(config.drives):
-                self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, config.create,
+                self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, self._creates,
                                               kinds[i]))
             t0 = time.perf_counter()
-            self.catalog = Catalog(meta, config.checkpoint_every)
-            self._rebuild_allocators()
+            self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow)
+            if not config.follow:  # a follower allocates nothing
+                self._rebuild_allocators()
             self.reopen_seconds = time.perf_counter() - t0
         except BaseException:
             for d in self.drives:
@@ -333,6 +338,10 @@ class KVStore:
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
 
+    @property
+    def _creates(self) -> bool:
+        return self.config.create and not self.config.follow
+
     @classmethod
     def open(cls, drives: Sequence[str], **kw) -> KVStore:
         return cls(StoreConfig(drives=list(drives), **kw))
@@ -347,8 +356,8 @@ class KVStore:
             if m["drives"] != drives:
                 raise KVSwarmError(f"store at {self.meta_dir} was made with drives {m['drives']}, not {drives}")
             return bytes.fromhex(m["uuid"])
-        if not config.create:
-            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")
+        if not self._creates:
+            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
         m = {"format": 1, "uuid": uuid.uuid4().hex, "drives": drives, "stripe_unit": config.stripe_unit}
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -395,6 +404,8 @@ class KVStore:
 
         ``data`` is bytes-like, or :class:`Runs` gathered in order (an engine page's runs, copied
         straight into the store's buffers)."""
+        if self.config.follow:
+            raise KVSwarmError("this store follows another process's: only its writer puts")
         unit = self.config.stripe_unit - HEADER_SIZE
         full_ext = extent_size(unit)
         mvs = []
@@ -753,13 +764,21 @@ class KVStore:
         return len(self.catalog)
 
     def delete(self, key: bytes) -> bool:
+        """Drop ``key``; a follower only forgets it, until its writer journals it again."""
         old = self.catalog.delete(key_digest(key))
-        if old is not None:
+        if old is not None and not self.config.follow:
             self._free_after_flush(old)
         return old is not None
 
+    def refresh(self) -> bool:
+        """A follower (``StoreConfig.follow``): take in what its writer has journaled since the
+        last call; True if anything."""
+        return self.catalog.refresh()
+
     def flush(self) -> None:
         """Everything written before this call survives a crash after it returns."""
+        if self.config.follow:
+            return
         for d in self.drives:
             if d.healthy:
                 try:
@@ -782,8 +801,9 @@ class KVStore:
         self.engine.close()
         while self._verifying:  # the worker holds views of the pool until it is done
             self._verifying.popleft().wait()
-        self.flush()
-        self.catalog.checkpoint()
+        if not self.config.follow:
+            self.flush()
+            self.catalog.checkpoint()
         self.catalog.close()
         for d in self.drives:
             d.close()

@@ -1,0 +1,140 @@
+"""A store read by another process than its writer (``StoreConfig.follow``): the writer runs in a
+subprocess, the follower here.  The follower writes nothing, takes in new and deleted objects on
+``refresh()``, reloads after the writer's checkpoint, and a stale view of an extent the writer has
+since reused reads as a miss, never as the new object's bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvswarm.errors import KVSwarmError
+from kvswarm.store import KVStore, StoreConfig
+
+SIZE = 60_000  # one 60 KiB extent per object
+WRITER = r"""
+import sys
+from kvswarm.errors import DriveFull
+from kvswarm.store import KVStore, StoreConfig
+
+store = KVStore(StoreConfig(drives=sys.argv[1].split(","), capacity_per_drive=1 << 20, checkpoint_every=10**9))
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "put":  # put NAME FILL
+        ok = store.put(args[0].encode(), bytes([int(args[1])]) * %d)
+    elif cmd == "delete":
+        ok = store.delete(args[0].encode())
+    elif cmd == "fill":  # write objects until the pool is full: every free extent is reused
+        n = 0
+        try:
+            while True:
+                store.put(b"fill%%d" %% n, bytes([200]) * %d)
+                n += 1
+        except DriveFull:
+            ok = n
+    elif cmd == "flush":
+        ok = store.flush()
+    elif cmd == "checkpoint":
+        ok = store.checkpoint()
+    elif cmd == "count":
+        ok = len(store)
+    print(ok, flush=True)
+store.close()
+""" % (SIZE, SIZE)
+
+
+class Writer:
+    """The store's one writer, in a process of its own, driven a command at a time."""
+
+    def __init__(self, drives: list[str]) -> None:
+        self.p = subprocess.Popen([sys.executable, "-c", WRITER, ",".join(drives)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, *cmd: object) -> str:
+        self.p.stdin.write(" ".join(map(str, cmd)) + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline().strip()
+        assert out, f"writer died on {cmd}"
+        return out
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        assert self.p.wait(timeout=60) == 0
+
+
+def fingerprint(paths: list[str]) -> dict[str, str]:
+    """Every file of the store, hashed: what a follower must leave as it found it."""
+    out = {}
+    for root in paths:
+        for name in sorted(os.listdir(root)):
+            with open(os.path.join(root, name), "rb") as f:
+                out[os.path.join(root, name)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def drives(tmp_path):
+    paths = [str(tmp_path / "d0")]
+    os.makedirs(paths[0])
+    return paths
+
+
+def test_follower_sees_the_writers_objects_and_writes_nothing(drives):
+    w = Writer(drives)
+    for i in range(4):
+        w("put", f"a{i}", i)
+    w("flush")
+    before = fingerprint(drives)
+    f = KVStore(StoreConfig(drives=drives, follow=True))
+    assert len(f) == 4 and f.get(b"a2") == bytes([2]) * SIZE
+    with pytest.raises(KVSwarmError):
+        f.put(b"mine", b"x")
+    assert f.refresh() is False  # nothing new
+    assert fingerprint(drives) == before  # opening, reading, refreshing: the follower wrote nothing
+    w("put", "b0", 7)
+    w("delete", "a1")
+    assert f.refresh() is False  # not flushed: the writer has journaled nothing yet
+    w("flush")
+    assert f.refresh() is True
+    assert f.get(b"b0") == bytes([7]) * SIZE and f.get(b"a1") is None and len(f) == 4
+    w("checkpoint")  # a new journal epoch: the follower reloads
+    w("put", "c0", 9)
+    w("flush")
+    assert f.refresh() is True
+    assert len(f) == int(w("count")) == 5 and f.get(b"c0") == bytes([9]) * SIZE
+    before = fingerprint(drives)
+    assert f.delete(b"a0") and f.get(b"a0") is None  # forgotten here only
+    f.flush()
+    f.close()
+    assert fingerprint(drives) == before  # deleting, flushing, closing: nothing written either
+    assert w("count") == "5"
+    w.close()
+
+
+def test_stale_follower_reads_a_reused_extent_as_a_miss(drives):
+    w = Writer(drives)
+    for i in range(4):
+        w("put", f"a{i}", i)
+    w("flush")
+    f = KVStore(StoreConfig(drives=drives, follow=True))
+    w("delete", "a2")
+    w("flush")  # a2's extent is free now ...
+    assert int(w("fill")) > 0  # ... and holds another object
+    w("flush")
+    with f.get_many([b"a2", b"a3"]) as r:  # the follower has not refreshed: it still locates a2 there
+        assert r.views[0] is None and bytes(r.views[1]) == bytes([3]) * SIZE
+        assert r.failed == [0] and r.corrupt == 1
+    assert f.refresh() is True and f.get(b"a2") is None and f.get(b"fill0") == bytes([200]) * SIZE
+    f.close()
+    w.close()
+
+
+def test_follower_needs_an_existing_store(tmp_path):
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(KVSwarmError):
+        KVStore(StoreConfig(drives=[str(tmp_path / "empty")], follow=True))
+    assert os.listdir(tmp_path / "empty") == []
