@@ -60,9 +60,9 @@ def mamba_pool(seed: int = 0) -> MambaPoolHost:
     return pool
 
 
-def storage_config(drives, model="tiny-llama", **extra) -> HiCacheStorageConfig:
+def storage_config(drives, model="tiny-llama", tp=(0, 1), mla=False, **extra) -> HiCacheStorageConfig:
     return HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+        tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla,
         enable_storage_metrics=False, is_page_first_layout=False, model_name=model,
         extra_config={"backend_name": "kvswarm", "module_path": "kvswarm.integrations.sglang",
                       "class_name": "KVSwarmHiCacheStorage", "interface_v1": 1, "drives": drives,
@@ -245,6 +245,34 @@ def test_v2_pools_and_trailing_hit_policy(drives):
     assert out == {PoolName.SWA: [True]}
     assert torch.equal(page_data(swa, pages(swa, 9, 1), 1)[0], want)
     b.close()
+
+
+def test_mla_tp_ranks_read_their_writers_pages(drives):
+    """MLA's KV is the same on every TP rank, and SGLang backs it up from rank 0 only: the other
+    ranks read rank 0's store (following it), while TP-sharded Mamba state stays per rank."""
+    pools = [host_pool("page_first", seed, kind="mla") for seed in (0, 1)]
+    follower = open_backend(drives, pools[1], tp=(1, 2), mla=True)  # may start before its writer
+    keys = [f"m{i}" for i in range(3)]
+    assert follower.batch_exists(keys) == 0 and follower.store is None
+    writer = open_backend(drives, pools[0], tp=(0, 2), mla=True)
+    want = page_data(pools[0], pages(pools[0], 0, 3), 3)
+    assert writer.batch_set_v1(keys, pages(pools[0], 0, 3)) == [True] * 3
+    assert follower.batch_exists(keys) == 3  # the writer's flush made them visible
+    assert follower.batch_get_v1(keys, pages(pools[1], 5, 3)) == [True] * 3
+    assert all(torch.equal(g, w) for g, w in zip(page_data(pools[1], pages(pools[1], 5, 3), 3), want))
+    assert follower.batch_set_v1(["x"], pages(pools[1], 0, 1)) == [False]  # a follower writes nothing
+    assert follower.store.config.follow and not writer.store.config.follow
+    assert writer.forget(["m1"]) == 1 and follower.batch_exists(keys) == 1
+    mamba = mamba_pool(4)
+    follower.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    state = mamba.get_data_page(2, flat=True).clone()
+    transfer = PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([2]), keys=["m0"])
+    assert follower.batch_set_v2([transfer]) == {PoolName.MAMBA: [True]}  # its own shard, its own store
+    out = follower.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([7]), keys=["m0"])])
+    assert out == {PoolName.MAMBA: [True]} and torch.equal(mamba.get_data_page(7, flat=True), state)
+    assert sorted(os.listdir(drives[0])) == ["mla-dcp0of1-pp0of1-cp0of1-dp0", "rank1of2-pp0of1-cp0of1-dp0"]
+    follower.close()
+    writer.close()
 
 
 def test_v2_pool_without_zero_copy_runs_moves_flat_pages(drives):

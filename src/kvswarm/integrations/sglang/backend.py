@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from kvswarm.errors import KVSwarmError
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
@@ -48,13 +49,23 @@ log = logging.getLogger(__name__)
 
 
 def rank_dir(cfg: HiCacheStorageConfig) -> str:
+    """This rank's own store: every page of a TP-sharded model, TP-sharded pools (Mamba state) of MLA ones."""
     return (f"rank{cfg.tp_rank}of{cfg.tp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
             f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
 
 
+def shared_dir(cfg: HiCacheStorageConfig) -> str:
+    """The store of an MLA model's rank-replicated pages: one per DCP shard (and PP stage, CP rank,
+    DP group), written by that shard's writer rank (``is_storage_writer``) and read by its TP ranks."""
+    return (f"mla-dcp{cfg.dcp_rank}of{cfg.dcp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
+            f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
+
+
 def pool_layout(cfg: HiCacheStorageConfig, pool: Any | None) -> KVLayout:
-    """The layout whose fingerprint keys this rank's pages (pool geometry when registered)."""
-    ident = (f"sglang:{cfg.model_name}|tp={cfg.tp_rank}/{cfg.tp_size}|pp={cfg.pp_rank}/{cfg.pp_size}"
+    """The layout whose fingerprint keys this rank's pages (pool geometry when registered).  MLA's
+    KV is the same on every TP rank of a DCP shard: its keys leave the TP rank out."""
+    tp = f"dcp={cfg.dcp_rank}/{cfg.dcp_size}" if cfg.is_mla_model else f"tp={cfg.tp_rank}/{cfg.tp_size}"
+    ident = (f"sglang:{cfg.model_name}|{tp}|pp={cfg.pp_rank}/{cfg.pp_size}"
              f"|cp={cfg.attn_cp_rank}/{cfg.attn_cp_size}|dcp={cfg.dcp_rank}/{cfg.dcp_size}|mla={cfg.is_mla_model}")
     if pool is None:
         return KVLayout(1, 1, 1, "int8", model_id=ident)
@@ -102,13 +113,9 @@ def flat_order(pool: Any) -> np.ndarray | None:
 class KVSwarmHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
         extra = dict(storage_config.extra_config or {})
-        drives = extra.get("drives") or [p for p in os.environ.get("KVSWARM_DRIVES", "").split(",") if p]
-        if not drives:
+        self.drives = extra.get("drives") or [p for p in os.environ.get("KVSWARM_DRIVES", "").split(",") if p]
+        if not self.drives:
             raise ValueError("kvswarm HiCache backend needs 'drives' in the extra config (or KVSWARM_DRIVES)")
-        sub = rank_dir(storage_config)
-        paths = [os.path.join(d, sub) for d in drives]
-        for p in paths:
-            os.makedirs(p, exist_ok=True)
         self.config = storage_config
         self.tenant = extra.get("tenant", "")
         self.durable = bool(extra.get("durable", True))
@@ -117,18 +124,57 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.read_split = int(extra.get("read_split", 16))
         if self.read_split < 1:
             raise ValueError(f"kvswarm HiCache backend: read_split must be >= 1, not {self.read_split}")
-        self.store = KVStore(StoreConfig(
-            drives=paths, capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)),
-            backend=extra.get("io_backend", "auto"), queue_depth=int(extra.get("queue_depth", 32)),
-            buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20))))
-        # At start-up rather than in the first batch_set: see BufferPool.populate (SGLang's backends
-        # have no thread of their own to do it in the background).
-        self.store.pool.populate()
+        self._store_options = dict(
+            capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)), backend=extra.get("io_backend", "auto"),
+            queue_depth=int(extra.get("queue_depth", 32)),
+            buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20)))
+        # MLA's KV is replicated over TP ranks and SGLang backs it up from one writer rank only: the
+        # other ranks follow the writer's store (read-only, refreshed as they use it).
+        self.replicated = bool(storage_config.is_mla_model)
+        self.writer = storage_config.is_storage_writer
+        self._own: KVStore | None = None
+        self._shared: KVStore | None = None
         self.mem_pool_host = None
         self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
-        log.info("kvswarm HiCache backend: %d drives, %d pages, catalog loaded in %.3f s",
-                 len(paths), len(self.store), self.store.reopen_seconds)
+        first = self._store(PoolName.KV)
+        log.info("kvswarm HiCache backend: %d drives, %s store, %d pages", len(self.drives),
+                 "shared (MLA writer)" if self.replicated and self.writer else
+                 "shared (MLA, following its writer)" if self.replicated else "rank", len(first) if first else 0)
+
+    def _open(self, sub: str, follow: bool) -> KVStore:
+        paths = [os.path.join(d, sub) for d in self.drives]
+        if not follow:
+            for p in paths:
+                os.makedirs(p, exist_ok=True)
+        store = KVStore(StoreConfig(drives=paths, follow=follow, **self._store_options))
+        # At start-up rather than in the first batch: see BufferPool.populate (SGLang's backends
+        # have no thread of their own to do it in the background).
+        store.pool.populate()
+        return store
+
+    def _store(self, pool: str | PoolName = PoolName.KV) -> KVStore | None:
+        """The store of ``pool``'s pages on this rank: for MLA models the store their TP ranks
+        share, but for TP-sharded Mamba state; otherwise this rank's own.  A follower takes in what
+        its writer has flushed (one ``stat`` when nothing); None while the writer has not made its
+        store yet."""
+        if not self.replicated or str(pool) == PoolName.MAMBA.value:
+            if self._own is None:
+                self._own = self._open(rank_dir(self.config), follow=False)
+            return self._own
+        if self._shared is None:
+            try:
+                self._shared = self._open(shared_dir(self.config), follow=not self.writer)
+            except (KVSwarmError, OSError):  # the writer rank has not created it yet: a miss for now
+                return None
+        elif not self.writer:
+            self._shared.refresh()
+        return self._shared
+
+    @property
+    def store(self) -> KVStore | None:
+        """The store of the KV pool's pages."""
+        return self._store(PoolName.KV)
 
     # ---- host pools ----------------------------------------------------------------
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -140,15 +186,19 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self.keyspace.key(key if name == PoolName.KV.value else f"{key}.{name}")
 
     # ---- store plumbing ------------------------------------------------------------
-    def _read(self, keys: Sequence[bytes], into: Sequence[Any] | None = None, sink=None) -> list[bool]:
-        """Read ``keys``.  The store copies each verified hit into its ``into`` buffer, or scatters
+    def _read(self, pool: str | PoolName, keys: Sequence[bytes], into: Sequence[Any] | None = None,
+              sink=None) -> list[bool]:
+        """Read ``keys`` of ``pool``'s pages.  The store copies each verified hit into its ``into`` buffer, or scatters
         it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on its native worker
         without the GIL, which SGLang's scheduler thread holds most of the time; ``sink(i,
         memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are deleted; a
         page that does not fit its target is a miss, and stays."""
         ok = [False] * len(keys)
+        store = self._store(pool)
+        if store is None:
+            return ok
         step = self.read_split
-        handles = [(a, self.store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
+        handles = [(a, store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
                    for a in range(0, len(keys), step)]
         for a, h in handles:
             with h.wait() as res:
@@ -158,23 +208,27 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                     if sink is None or (into is not None and into[i] is not None) or sink(i, view) is not False:
                         ok[i] = True
                 for i in res.failed:  # corrupt or unreadable: recompute rather than loop on it
-                    self.store.delete(keys[a + i])
+                    store.delete(keys[a + i])
         return ok
 
-    def _write(self, keys: Sequence[bytes], payloads) -> list[bool]:
-        """Write ``payloads(i)`` for keys not stored yet; durable before returning when ``durable``."""
-        todo = [i for i, k in enumerate(keys) if not self.store.contains(k)]
+    def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads) -> list[bool]:
+        """Write ``payloads(i)`` for keys not stored yet; durable before returning when ``durable``.
+        A follower writes nothing (SGLang backs MLA's KV up from its writer rank only)."""
+        store = self._store(pool)
+        if store is None or store.config.follow:
+            return [False] * len(keys)
+        todo = [i for i, k in enumerate(keys) if not store.contains(k)]
         ok = [True] * len(keys)
         if todo:
             try:
-                done = self.store.put_many([(keys[i], payloads(i)) for i in todo])
+                done = store.put_many([(keys[i], payloads(i)) for i in todo])
             except Exception:  # pool full, no healthy drive: a failed write, not a dead backend
                 log.exception("kvswarm HiCache backend: write of %d pages failed", len(todo))
                 done = [False] * len(todo)
             for i, d in zip(todo, done):
                 ok[i] = d
             if self.durable and any(done):
-                self.store.flush()
+                store.flush()
         return ok
 
     # ---- generic (tensor) interface ------------------------------------------------
@@ -191,7 +245,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return True
 
         into = [None if t is None else t.view(-1).view(torch.uint8).numpy() for t in targets]
-        ok = self._read([self._key(k) for k in keys], into, sink)
+        ok = self._read(PoolName.KV, [self._key(k) for k in keys], into, sink)
         return [t if hit else None for t, hit in zip(targets, ok)]
 
     def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
@@ -202,14 +256,17 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                   target_sizes: Any | None = None) -> bool:
         if values is None:
             return False
-        return all(self._write([self._key(k) for k in keys], lambda i: _tensor_bytes(values[i])))
+        return all(self._write(PoolName.KV, [self._key(k) for k in keys], lambda i: _tensor_bytes(values[i])))
 
     def exists(self, key: str) -> bool:
-        return self.store.contains(self._key(key))
+        return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        store = self._store(PoolName.KV)
+        if store is None:
+            return 0
         for i, k in enumerate(keys):
-            if not self.store.contains(self._key(k)):
+            if not store.contains(self._key(k)):
                 return i
         return len(keys)
 
@@ -246,13 +303,14 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return None
         return host_indices[::page].tolist()
 
-    def _get_pages(self, pool, keys: list[bytes], host_indices: torch.Tensor | None) -> list[bool]:
+    def _get_pages(self, name: str | PoolName, pool, keys: list[bytes],
+                   host_indices: torch.Tensor | None) -> list[bool]:
         starts = self._page_starts(pool, keys, host_indices)
         if starts is None:
             return [False] * len(keys)
         order = self._flat_order(pool)
         if order is not None:
-            return self._read(keys, self._page_runs(pool, order, host_indices, len(keys)))
+            return self._read(name, keys, self._page_runs(pool, order, host_indices, len(keys)))
         dummy = pool.get_dummy_flat_data_page()
         nbytes = dummy.numel() * dummy.element_size()
 
@@ -262,26 +320,27 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             pool.set_from_flat_data_page(starts[i], torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype))
             return True
 
-        return self._read(keys, sink=sink)
+        return self._read(name, keys, sink=sink)
 
-    def _put_pages(self, pool, keys: list[bytes], host_indices: torch.Tensor | None) -> list[bool]:
+    def _put_pages(self, name: str | PoolName, pool, keys: list[bytes],
+                   host_indices: torch.Tensor | None) -> list[bool]:
         starts = self._page_starts(pool, keys, host_indices)
         if starts is None:
             return [False] * len(keys)
         order = self._flat_order(pool)
         if order is not None:
             runs = self._page_runs(pool, order, host_indices, len(keys))
-            return self._write(keys, runs.__getitem__)  # gathered by the store
-        return self._write(keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)))
+            return self._write(name, keys, runs.__getitem__)  # gathered by the store
+        return self._write(name, keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)))
 
     # ---- v1: the anchor (KV) pool ------------------------------------------------------
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        return self._get_pages(self.mem_pool_host, [self._key(k) for k in keys], host_indices)
+        return self._get_pages(PoolName.KV, self.mem_pool_host, [self._key(k) for k in keys], host_indices)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        return self._put_pages(self.mem_pool_host, [self._key(k) for k in keys], host_indices)
+        return self._put_pages(PoolName.KV, self.mem_pool_host, [self._key(k) for k in keys], host_indices)
 
     # ---- v2: several host pools (hybrid models, sidecar pools) --------------------------
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
@@ -290,7 +349,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         hits: dict[str, int] = {PoolName.KV: kv} if kv else {}
         restorable = set(range(1, kv + 1))
         for t in pool_transfers or []:
-            have = [self.store.contains(self._key(keys[i], t.name)) for i in range(kv)]
+            store = self._store(t.name)
+            have = [store is not None and store.contains(self._key(keys[i], t.name)) for i in range(kv)]
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
                 edge = next((i for i, h in enumerate(have) if not h), kv)
                 pool_ok = set(range(1, edge + 1))
@@ -315,7 +375,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self._each_transfer(transfers, self._put_pages)
 
     def _each_transfer(self, transfers: list[PoolTransfer], run) -> dict[str, list[bool]]:
-        """``run(pool, keys, host_indices)`` per transfer; one whose pool is not registered fails whole."""
+        """``run(name, pool, keys, host_indices)`` per transfer; one whose pool is not registered fails whole."""
         out = {}
         pools = getattr(self, "registered_pools", {})
         for t in transfers:
@@ -325,22 +385,26 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                 log.error("kvswarm HiCache backend: pool %s is not registered", t.name)
                 out[t.name] = [False] * len(keys)
             else:
-                out[t.name] = run(pool, keys, t.host_indices)
+                out[t.name] = run(t.name, pool, keys, t.host_indices)
         return out
 
     # ---- housekeeping (clear() stays the base no-op: the store is persistent) ---------
     def forget(self, keys: list[str]) -> int:
         """Drop these pages (SGLang 0.5's interface has no delete); returns how many were stored."""
-        n = sum(self.store.delete(self._key(k)) for k in keys)
-        self.store.flush()  # their space is reused only once the deletes are durable
+        store = self._store(PoolName.KV)
+        if store is None:
+            return 0
+        n = sum(store.delete(self._key(k)) for k in keys)
+        store.flush()  # their space is reused only once the deletes are durable
         return n
 
     def get_stats(self):
         return None
 
     def close(self) -> None:
-        if self.store.engine is not None:
-            self.store.close()
+        for store in (self._own, self._shared):
+            if store is not None and store.engine is not None:
+                store.close()
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
