@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -138,3 +139,40 @@ def test_follower_needs_an_existing_store(tmp_path):
     with pytest.raises(KVSwarmError):
         KVStore(StoreConfig(drives=[str(tmp_path / "empty")], follow=True))
     assert os.listdir(tmp_path / "empty") == []
+
+
+def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
+    """A reader thread keeps reading while the writer checkpoints again and again (each one makes
+    the follower reload its whole catalog): every read is the right bytes or a miss, none fails."""
+    w = Writer(drives)
+    for i in range(12):
+        w("put", f"a{i}", i)
+    w("flush")
+    f = KVStore(StoreConfig(drives=drives, follow=True))
+    keys = [f"a{i}".encode() for i in range(12)]
+    stop, seen, errors = threading.Event(), [0, 0], []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                with f.get_many(keys) as r:
+                    for i, v in enumerate(r.views):
+                        if v is not None:
+                            assert bytes(v) == bytes([i]) * SIZE
+                            seen[0] += 1
+                        else:
+                            seen[1] += 1
+            except Exception as e:  # noqa: BLE001 - any failure is the finding
+                errors.append(e)
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for _ in range(15):
+        w("checkpoint")
+        assert f.refresh() is True
+    stop.set()
+    t.join()
+    assert not errors and seen[0] > 0
+    f.close()
+    w.close()

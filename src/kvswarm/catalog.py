@@ -479,7 +479,9 @@ class Catalog:
             held = [slots[i] for i in found]
         else:
             found, held = list(range(len(slots))), slots
-        rows = self._rows.view(_ROW_BYTES).take(held).view(ROW_DTYPE)
+        # clip: a follower's reload may swap in a smaller table meanwhile; a row read from it fails the
+        # read's header check (a miss), where an index error would fail the caller
+        rows = self._rows.view(_ROW_BYTES).take(held, mode="clip").view(ROW_DTYPE)
         parts = rows["parts"]
         if not parts.all():  # deleted by another thread since the index lookup: a miss
             keep = np.flatnonzero(parts)
