@@ -17,7 +17,9 @@ order (Mamba state pools, whose pages are assembled copies) moves its pages thro
 flat-page methods instead.  Reads are checksummed by the store, and verified pages are copied
 into the pool (or the caller's tensors) by its native worker, without the GIL: a bad
 page is deleted and reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
-opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive.
+opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive; but MLA models' KV is the
+same on every TP rank and SGLang backs it up from one writer rank, so their ranks share that rank's
+store (the others follow it read-only: ``StoreConfig.follow``).
 """
 
 from __future__ import annotations
