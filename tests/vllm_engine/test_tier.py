@@ -4,6 +4,7 @@ restart, corruption, failed drive, tenant isolation, jobs larger than the buffer
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -188,3 +189,37 @@ def test_default_depth_is_about_32_mib_of_chunks_per_drive(drives, primary):
     tier = open_tier(drives, primary, queue_depth=7)
     assert tier.store.engine.queue_depth == 7
     tier.shutdown()
+
+
+def test_follower_reads_a_live_writers_chunks_and_stores_nothing(drives):
+    """A decode engine's tier following a prefill engine's store on the same drives: it finds and
+    loads the writer's chunks as the writer flushes them, and its own store jobs store nothing."""
+    a, b = Primary.create(CHUNKS, LAYOUT.block_bytes), Primary.create(CHUNKS, LAYOUT.block_bytes)
+    try:
+        data = fill(a, range(16))
+        writer = open_tier(drives, a)
+        follower = open_tier(drives, b, follow=True, refresh_interval=0.01)
+        w, f = JobRunner(writer), JobRunner(follower)
+        keys = keys_for(16)
+        assert f.lookup(keys) == [LookupResult.MISS] * 16
+        assert w.run(keys[:8], range(8), load=False).success  # reported once durable
+        deadline = time.monotonic() + 5
+        while f.lookup(keys[:8]) != [LookupResult.HIT] * 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.lookup(keys) == [LookupResult.HIT] * 8 + [LookupResult.MISS] * 8
+        assert f.run(keys[:8], range(8, 16), load=True).success
+        assert all(np.array_equal(b.chunk(8 + i), data[i]) for i in range(8))
+        fill(b, range(8, 16), seed=3)
+        assert not f.run(keys[8:], range(8, 16), load=False).success  # the writer's store: not written
+        assert len(writer.store) == 8 and follower.store.counters["puts"] == 0
+        assert w.run(keys[8:], range(8, 16), load=False).success
+        deadline = time.monotonic() + 5
+        while f.lookup(keys[8:]) != [LookupResult.HIT] * 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert f.run(keys[8:], range(16, 24), load=True).success
+        assert all(np.array_equal(b.chunk(16 + i), data[8 + i]) for i in range(8))
+        follower.shutdown()
+        writer.shutdown()
+    finally:
+        a.close()
+        b.close()

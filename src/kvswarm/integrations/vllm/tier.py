@@ -12,6 +12,11 @@ in flight and reports results that ``get_finished_jobs`` hands back.  Loads land
 primary region's chunks through the store's ``into`` reads, verified.  A block whose read
 fails its checksum, or whose drive failed, is deleted and reported failed, so vLLM
 recomputes it and the next lookup is a miss (never wrong KV, never a promotion loop).
+
+With ``follow: true`` the tier reads another engine's store without writing to it (a decode
+instance reading what a prefill instance stores, on the same drives): its driver thread takes
+in the writer's flushes every ``refresh_interval`` seconds, and it reports every store job as
+not stored.
 """
 
 from __future__ import annotations
@@ -161,8 +166,8 @@ class KVSwarmTierManager(SecondaryTierManager):
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 4 << 20, eviction: str = "lru",
-                 enable_kv_events: bool = False, locality: str | None = None,
-                 backpressure_detector: BackpressureDetector | None = None) -> None:
+                 enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
+                 refresh_interval: float = 0.05, backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.locality = Locality(locality) if locality is not None else None
         self._flat = primary_kv_view.cast("B")
@@ -172,13 +177,15 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.store = KVStore(StoreConfig(
             drives=list(drives), meta_dir=meta_dir, capacity_per_drive=int(capacity_per_drive), backend=backend,
             queue_depth=queue_depth or auto_queue_depth(self.block_size_bytes), placement=placement,
-            single_thread_io=True,  # only the driver thread does I/O
+            single_thread_io=True, follow=follow,  # only the driver thread does I/O
             # One extent per chunk by default: reads then land in place, with no join of parts.
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
         self._catalog = self.store.catalog.digests()  # live view: `in` is one C-level dict probe
         self.durable = durable
         self.flush_interval = flush_interval
+        self.follow = follow
+        self.refresh_interval = refresh_interval
         # Small batches: a batch is verified only once all its reads are back, so with big chunks
         # (2 MiB) one chunk per batch lets verification overlap the job's other reads.
         self.max_batch_bytes = max_batch_bytes
@@ -191,7 +198,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._idle = threading.Condition()
         self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
         # Lookup hits, for the eviction policy (a deque: append/popleft are atomic, and cheaper than a queue).
-        self._seen: deque[bytes] = deque()
+        # A follower evicts nothing (its writer owns the space): maxlen=0 drops them without a branch in lookup.
+        self._seen: deque[bytes] = deque(maxlen=0 if follow else None)
         self._delete_after_write: set[bytes] = set()
         self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
         self._evicted_since_flush = 0
@@ -273,6 +281,9 @@ class KVSwarmTierManager(SecondaryTierManager):
             raise ValueError(f"job {job.job_id}: chunk ids do not match keys or lie outside the primary tier")
         with self._idle:
             self._pending += 1
+        if self.follow and not load:  # another engine writes this store: nothing stored, nothing lost
+            self._report(JobResult(job.job_id, False, None, 0.0, 0), [])
+            return
         self._queue.put(_Job(job, load, keys, offsets))
 
     # ---- driver thread: the only user of the store -------------------------------------
@@ -287,11 +298,16 @@ class KVSwarmTierManager(SecondaryTierManager):
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
         active: list[_Job] = []
         unflushed: list[_Job] = []
+        next_refresh = 0.0
         while True:
+            if self.follow and time.perf_counter() >= next_refresh:
+                self.store.refresh()  # the writer's flushes since: one stat when there are none
+                next_refresh = time.perf_counter() + self.refresh_interval
             try:
                 block = not active
+                wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
                 while len(active) < self._max_inflight:
-                    item = self._queue.get(block=block)
+                    item = self._queue.get(block=block, timeout=wake if block else None)
                     block = False
                     if item is None:
                         return
