@@ -1,10 +1,12 @@
 """One vLLM engine process with the kvswarm offloading spec; prints a JSON report.
 
-    python engine_run.py --model DIR --drives D0,D1 --phase write|read --out FILE
+    python engine_run.py --model DIR --drives D0,D1 --phase write|read|serve|follow --out FILE [--stop FILE]
 
 ``write``: generate a real-text prompt (reference logprobs), wait until its blocks are
 in kvswarm, reset vLLM's prefix cache and its CPU tier, generate again (must be served
-by kvswarm).  ``read``: a fresh process generates the same prompt once.
+by kvswarm).  ``read``: a fresh process generates the same prompt once.  ``serve``: like
+``write`` without the second pass, then report and keep the engine (and its store) open
+until ``--stop`` exists.  ``follow``: ``read`` with the tier following the live store.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--drives", required=True)
-    ap.add_argument("--phase", choices=["write", "read"], required=True)
+    ap.add_argument("--phase", choices=["write", "read", "serve", "follow"], required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--stop", help="serve: exit once this file exists")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -51,7 +54,8 @@ def main() -> None:
     ktc = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config={
         "spec_name": "KVSwarmOffloadingSpec", "spec_module_path": "kvswarm.integrations.vllm",
         "cpu_bytes_to_use": 16 << 20,
-        "kvswarm": {"drives": args.drives.split(","), "capacity_per_drive": 32 << 20, "tenant": "tests"}})
+        "kvswarm": {"drives": args.drives.split(","), "capacity_per_drive": 32 << 20, "tenant": "tests",
+                    "follow": args.phase == "follow"}})
     llm = LLM(model=args.model, enforce_eager=True, block_size=BLOCK, dtype="float32", max_model_len=1024,
               kv_transfer_config=ktc, max_num_seqs=2, kv_cache_memory_bytes=16 << 20, seed=0)
     sp = SamplingParams(max_tokens=6, temperature=0, logprobs=3)
@@ -61,7 +65,7 @@ def main() -> None:
     tier = tier_of(llm)
     report = {"prompt_tokens": len(ids), "objects_before": len(tier.store)}
     report["first"] = generate(llm, prompt, sp)
-    if args.phase == "write":
+    if args.phase in ("write", "serve"):
         # Stores reach kvswarm a step or two after a request ends: drive steps with 1-token requests.
         deadline = time.time() + 60
         filler = SamplingParams(max_tokens=1, temperature=0)
@@ -71,6 +75,15 @@ def main() -> None:
             n += 1
         tier.drain_jobs()
         report["objects_after_write"] = len(tier.store)
+    if args.phase == "serve":  # report, then stay up (store open, nothing checkpointed) until told to stop
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(report, f)
+        os.replace(args.out + ".tmp", args.out)
+        deadline = time.time() + 900
+        while not os.path.exists(args.stop) and time.time() < deadline:
+            time.sleep(0.1)
+        return
+    if args.phase == "write":
         llm.reset_prefix_cache(reset_connector=True)  # drop the GPU prefix cache and the CPU tier
         before = dict(tier.store.counters)
         report["second"] = generate(llm, prompt, sp)

@@ -2,7 +2,8 @@
 
 One engine process per phase, as a user would run it: (1) write + same-process reuse
 after vLLM's prefix cache and CPU tier are reset, (2) a fresh process reuses the
-blocks, (3) corrupted block extents are misses and the output stays exact.
+blocks, (3) corrupted block extents are misses and the output stays exact, (4) an
+engine following another, live engine's store reads its blocks (prefill writes, decode reads).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -22,12 +24,16 @@ HERE = os.path.dirname(__file__)
 BLOCKS = 8  # full blocks in the prompt (engine_run.py)
 
 
-def run_engine(model: str, drives: list[str], phase: str, out: str) -> dict:
+def engine_command(model: str, drives: list[str], phase: str, out: str) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # each process its own str hash seed
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "engine_run.py"), "--model", model, "--drives",
-                           ",".join(drives), "--phase", phase, "--out", out],
-                          env=env, capture_output=True, text=True, timeout=900)
+    return [sys.executable, os.path.join(HERE, "engine_run.py"), "--model", model, "--drives", ",".join(drives),
+            "--phase", phase, "--out", out], env
+
+
+def run_engine(model: str, drives: list[str], phase: str, out: str) -> dict:
+    cmd, env = engine_command(model, drives, phase, out)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     with open(out) as f:
         return json.load(f)
@@ -88,3 +94,30 @@ def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, 
     assert r["first"]["tokens"] == w["first"]["tokens"]
     assert r["first"]["logprobs"] == w["first"]["logprobs"]
     assert r["objects_after"] == BLOCKS  # the bad blocks were dropped and written again
+
+
+def test_follower_engine_reads_a_live_writer_engines_blocks(model_dir, tmp_path):
+    drives = [str(tmp_path / f"d{i}") for i in range(2)]
+    for d in drives:
+        os.makedirs(d)
+    ready, stop = str(tmp_path / "serve.json"), str(tmp_path / "stop")
+    cmd, env = engine_command(model_dir, drives, "serve", ready)
+    with open(tmp_path / "serve.log", "w") as log:
+        writer = subprocess.Popen(cmd + ["--stop", stop], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 900
+            while not os.path.exists(ready) and writer.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert os.path.exists(ready), (tmp_path / "serve.log").read_text()[-6000:]
+            with open(ready) as f:
+                w = json.load(f)
+            assert w["objects_after_write"] == BLOCKS
+            r = run_engine(model_dir, drives, "follow", str(tmp_path / "follow.json"))  # the writer still up
+            assert r["objects_before"] == BLOCKS
+            assert r["counters"]["hits"] == BLOCKS and r["counters"]["puts"] == 0
+            assert r["first"]["cached_tokens"] == BLOCKS * 32
+            assert r["first"]["logprobs"] == w["first"]["logprobs"]
+        finally:
+            open(stop, "w").close()
+            writer.wait(timeout=300)
+    assert writer.returncode == 0
