@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from kvswarm.catalog import JOURNAL, Catalog, Entry
 from kvswarm.errors import KVSwarmError
 from kvswarm.store import KVStore, StoreConfig
 
@@ -176,3 +177,24 @@ def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
     assert not errors and seen[0] > 0
     f.close()
     w.close()
+
+
+def test_follower_waits_out_an_append_in_progress(tmp_path):
+    """The writer's journal append seen half-done: not applied, not cut off; applied once whole."""
+    writer = Catalog(str(tmp_path))
+    writer.put(b"a" * 16, Entry(writer.new_generation(), 10, ((0, 4096, 4096, 1),)))
+    writer.sync()
+    follower = Catalog(str(tmp_path), follow=True)
+    assert b"a" * 16 in follower and len(follower) == 1
+    writer.put(b"b" * 16, Entry(writer.new_generation(), 10, ((0, 8192, 4096, 2),)))
+    record = b"".join(writer._pending)
+    writer._pending.clear()  # appended by hand below, in two halves
+    path = os.path.join(str(tmp_path), JOURNAL)
+    with open(path, "ab") as f:
+        f.write(record[:20])
+    assert follower.refresh() is False and len(follower) == 1
+    with open(path, "ab") as f:
+        f.write(record[20:])
+    assert follower.refresh() is True and follower.get(b"b" * 16).extents == ((0, 8192, 4096, 2),)
+    assert os.path.getsize(path) > 20  # the follower cut nothing off
+    writer.close()

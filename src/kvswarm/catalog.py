@@ -151,6 +151,7 @@ class Catalog:
         self._jfd = -1
         # follow: the journal file read (inode) and the bytes of it applied (None: not this epoch's)
         self._followed: tuple[int | None, int | None] = (None, None)
+        self._journal_seen: tuple[int, int] | None = None  # follow: (inode, size) at the last look
         self._load()
         if not follow:
             self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
@@ -238,6 +239,7 @@ class Catalog:
                 with open(jp, "rb") as f:
                     ino = os.fstat(f.fileno()).st_ino
                     data = f.read()
+                self._journal_seen = (ino, len(data))
                 if len(data) >= _JHDR.size and _JHDR.unpack_from(data)[0] == _J_MAGIC \
                         and _JHDR.unpack_from(data)[1] == self.epoch:
                     end = self._replay(data, _JHDR.size)
@@ -256,8 +258,8 @@ class Catalog:
 
     def refresh(self) -> bool:
         """A following catalog: apply the records the writer has journaled since the last call;
-        True if there were any.  One ``stat`` when nothing changed; a new journal file (the
-        writer checkpointed) reloads the whole catalog."""
+        True if there were any.  One ``stat`` when the journal has not changed; a journal of
+        another epoch (the writer checkpointed) reloads the whole catalog."""
         if not self.follow:
             raise KVSwarmError("refresh() is for a catalog opened with follow=True")
         jp = self._path(JOURNAL)
@@ -266,26 +268,34 @@ class Catalog:
         except FileNotFoundError:
             return False
         with self._lock:
+            if (st.st_ino, st.st_size) == self._journal_seen:
+                return False
+            self._journal_seen = (st.st_ino, st.st_size)
             ino, applied = self._followed
-            if st.st_ino == ino:
-                if applied is None or st.st_size <= applied:
-                    return False
-                try:
-                    fd = os.open(jp, os.O_RDONLY)
-                except FileNotFoundError:
-                    return False
-                try:
-                    if os.fstat(fd).st_ino != ino:  # replaced between the stat and the open: next call
-                        return False
-                    data = os.pread(fd, st.st_size - applied, applied)
-                finally:
-                    os.close(fd)
-                before = self.replayed
-                self._followed = (ino, applied + self._replay(data, 0))
-                return self.replayed > before
+            if st.st_ino == ino and applied is not None and st.st_size > applied:
+                data = self._journal_tail(jp, ino, applied, st.st_size)
+                if data is not None:
+                    before = self.replayed
+                    self._followed = (ino, applied + self._replay(data, 0))
+                    return self.replayed > before
             self._clear()
             self._load()
             return True
+
+    def _journal_tail(self, path: str, ino: int, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of the journal this follower applies; None when the file is another
+        one now (the writer replaced it: a new inode, or a reused one with another epoch)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            head = os.pread(fd, _JHDR.size, 0)
+            if os.fstat(fd).st_ino != ino or len(head) < _JHDR.size or _JHDR.unpack(head) != (_J_MAGIC, self.epoch):
+                return None
+            return os.pread(fd, end - start, start)
+        finally:
+            os.close(fd)
 
     def _load_checkpoint(self, path: str) -> None:
         with open(path, "rb") as f:
