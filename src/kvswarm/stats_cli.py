@@ -48,7 +48,8 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest
 
-    store = KVStore(StoreConfig(drives=args.drives, meta_dir=args.meta_dir, backend=args.backend, create=False))
+    # A follower: it writes nothing, so it is safe on a store that its engine is using right now.
+    store = KVStore(StoreConfig(drives=args.drives, meta_dir=args.meta_dir, backend=args.backend, follow=True))
     try:
         seconds = None
         scrub = {}

@@ -321,8 +321,7 @@ class KVStore:
                                               kinds[i]))
             t0 = time.perf_counter()
             self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow)
-            if not config.follow:  # a follower allocates nothing
-                self._rebuild_allocators()
+            self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
         except BaseException:
             for d in self.drives:
