@@ -198,3 +198,15 @@ def test_follower_waits_out_an_append_in_progress(tmp_path):
     assert follower.refresh() is True and follower.get(b"b" * 16).extents == ((0, 8192, 4096, 2),)
     assert os.path.getsize(path) > 20  # the follower cut nothing off
     writer.close()
+
+
+def test_a_second_writer_is_refused_while_the_first_is_open(drives):
+    w = Writer(drives)
+    w("put", "a0", 1)
+    with pytest.raises(KVSwarmError, match="follow=True"):
+        KVStore(StoreConfig(drives=drives))
+    w.close()  # the writer's process is gone: so is its lock
+    with KVStore(StoreConfig(drives=drives)) as s:
+        assert s.get(b"a0") == bytes([1]) * SIZE
+        with pytest.raises(KVSwarmError):  # one writer per store within a process too
+            KVStore(StoreConfig(drives=drives))

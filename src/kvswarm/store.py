@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
 _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 MANIFEST = "store.json"
+WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
 GiB = 1 << 30
 
 
@@ -312,10 +314,11 @@ class KVStore:
         self.meta_dir = meta
         if self._creates:
             os.makedirs(meta, exist_ok=True)
-        self.store_uuid = self._manifest(config)
+        self._writer_lock = -1 if config.follow else self._lock_writer()
         kinds = config.drive_kinds or ["ssd"] * len(config.drives)
         self.drives: list[Drive] = []
         try:
+            self.store_uuid = self._manifest(config)
             for i, p in enumerate(config.drives):
                 self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, self._creates,
                                               kinds[i]))
@@ -326,6 +329,7 @@ class KVStore:
         except BaseException:
             for d in self.drives:
                 d.close()
+            self._unlock_writer()
             raise
         self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
         for d in self.drives:
@@ -336,6 +340,25 @@ class KVStore:
         self._deferred: list[Entry] = []  # extents to free at the next flush
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
+
+    def _lock_writer(self) -> int:
+        """Hold the store's writer lock while open: two writers would hand out the same free space
+        and interleave their journals.  The kernel drops the lock when the process dies."""
+        if not self._creates and not os.path.exists(os.path.join(self.meta_dir, MANIFEST)):
+            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")  # leave no lock file
+        fd = os.open(os.path.join(self.meta_dir, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise KVSwarmError(f"the store at {self.meta_dir} is open for writing elsewhere; open it with "
+                               f"follow=True to read it alongside its writer") from None
+        return fd
+
+    def _unlock_writer(self) -> None:
+        if self._writer_lock >= 0:
+            os.close(self._writer_lock)  # releases the flock
+            self._writer_lock = -1
 
     @property
     def _creates(self) -> bool:
@@ -806,6 +829,7 @@ class KVStore:
         self.catalog.close()
         for d in self.drives:
             d.close()
+        self._unlock_writer()
         self.engine = None  # type: ignore[assignment]
 
     def __enter__(self) -> KVStore:
