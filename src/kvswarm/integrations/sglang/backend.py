@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,6 +137,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.writer = storage_config.is_storage_writer
         self._own: KVStore | None = None
         self._shared: KVStore | None = None
+        self._opening = threading.Lock()  # SGLang's backup and prefetch threads may both open a store first
         self.mem_pool_host = None
         self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
@@ -162,13 +164,20 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         store yet."""
         if not self.replicated or str(pool) == PoolName.MAMBA.value:
             if self._own is None:
-                self._own = self._open(rank_dir(self.config), follow=False)
+                with self._opening:
+                    if self._own is None:
+                        self._own = self._open(rank_dir(self.config), follow=False)
             return self._own
         if self._shared is None:
-            try:
-                self._shared = self._open(shared_dir(self.config), follow=not self.writer)
-            except (KVSwarmError, OSError):  # the writer rank has not created it yet: a miss for now
-                return None
+            with self._opening:
+                if self._shared is None:
+                    if self.writer:
+                        self._shared = self._open(shared_dir(self.config), follow=False)
+                    else:
+                        try:
+                            self._shared = self._open(shared_dir(self.config), follow=True)
+                        except (KVSwarmError, OSError):  # its writer rank has not made it yet: a miss for now
+                            return None
         elif not self.writer:
             self._shared.refresh()
         return self._shared
