@@ -305,23 +305,26 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         at -= lo
         return [Runs(base, at[p], size[p]) for p in range(n)]
 
-    def _page_starts(self, pool, keys: Sequence[Any], host_indices: torch.Tensor | None) -> list[int] | None:
-        """Each page's first host index; None (and logged) when the indices do not match the keys."""
+    def _pages(self, pool, keys: Sequence[Any], host_indices: torch.Tensor | None
+               ) -> tuple[list[int], list[Runs] | None] | None:
+        """Each page's first host index, and its zero-copy runs where the pool has them (else None);
+        None (and logged) when the indices do not match the keys."""
         page = getattr(pool, "page_size", 1) or 1
         if host_indices is None or host_indices.numel() != len(keys) * page:
             log.error("kvswarm HiCache backend: %d host indices for %d pages of %d tokens",
                       0 if host_indices is None else host_indices.numel(), len(keys), page)
             return None
-        return host_indices[::page].tolist()
+        order = self._flat_order(pool)
+        runs = None if order is None else self._page_runs(pool, order, host_indices, len(keys))
+        return host_indices[::page].tolist(), runs
 
     def _get_pages(self, name: str | PoolName, pool, keys: list[bytes],
                    host_indices: torch.Tensor | None) -> list[bool]:
-        starts = self._page_starts(pool, keys, host_indices)
-        if starts is None:
+        if (pages := self._pages(pool, keys, host_indices)) is None:
             return [False] * len(keys)
-        order = self._flat_order(pool)
-        if order is not None:
-            return self._read(name, keys, self._page_runs(pool, order, host_indices, len(keys)))
+        starts, runs = pages
+        if runs is not None:
+            return self._read(name, keys, runs)
         dummy = pool.get_dummy_flat_data_page()
         nbytes = dummy.numel() * dummy.element_size()
 
@@ -335,12 +338,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def _put_pages(self, name: str | PoolName, pool, keys: list[bytes],
                    host_indices: torch.Tensor | None) -> list[bool]:
-        starts = self._page_starts(pool, keys, host_indices)
-        if starts is None:
+        if (pages := self._pages(pool, keys, host_indices)) is None:
             return [False] * len(keys)
-        order = self._flat_order(pool)
-        if order is not None:
-            runs = self._page_runs(pool, order, host_indices, len(keys))
+        starts, runs = pages
+        if runs is not None:
             return self._write(name, keys, runs.__getitem__)  # gathered by the store
         return self._write(name, keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)))
 
