@@ -96,7 +96,7 @@ def test_dynamic_loading_gives_a_hicache_storage(drives):
     pool = host_pool("page_first")
     b = open_backend(drives, pool)
     assert isinstance(b, HiCacheStorage) and isinstance(b, KVSwarmHiCacheStorage)
-    assert [os.listdir(d) for d in drives] == [["rank0of1-pp0of1-cp0of1-dp0"]] * 2
+    assert [os.listdir(os.path.join(d, "tiny-llama")) for d in drives] == [["rank0of1-pp0of1-cp0of1-dp0"]] * 2
     b.close()
 
 
@@ -169,6 +169,18 @@ def test_pages_persist_and_keys_are_isolated(drives):
     b.close()
 
 
+def test_servers_of_other_models_share_drives_but_not_a_store(drives):
+    pool = host_pool("page_first")
+    a = open_backend(drives, pool)
+    b = open_backend(drives, pool, model="org/other-model")  # a store of its own beside a's
+    assert a.batch_set_v1(["p"], pages(pool, 0, 1)) == [True] and b.batch_exists(["p"]) == 0
+    with pytest.raises(Exception, match="follow=True"):  # a second server of a's model: one writer per store
+        open_backend(drives, pool)
+    assert sorted(os.listdir(drives[0])) == ["org-other-model", "tiny-llama"]
+    a.close()
+    b.close()
+
+
 @pytest.mark.parametrize("io_backend", ["threads", "auto"])
 def test_backup_and_prefetch_threads_share_the_backend(drives, io_backend):
     """SGLang's cache controller backs pages up on one thread while it prefetches on another, and
@@ -208,7 +220,7 @@ def test_corrupt_page_is_a_miss_and_dropped(drives):
     entry = b.store.catalog.entries[key_digest(b._key("p2"))]
     drv, off, _, _ = entry.extents[0]
     b.close()
-    path = os.path.join(drives[drv], "rank0of1-pp0of1-cp0of1-dp0", DATA_FILE)
+    path = os.path.join(drives[drv], "tiny-llama", "rank0of1-pp0of1-cp0of1-dp0", DATA_FILE)
     with open(path, "r+b") as f:
         f.seek(off + payload_offset(entry.payload_len) + 33)
         f.write(b"\xde\xad")
@@ -270,7 +282,8 @@ def test_mla_tp_ranks_read_their_writers_pages(drives):
     assert follower.batch_set_v2([transfer]) == {PoolName.MAMBA: [True]}  # its own shard, its own store
     out = follower.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([7]), keys=["m0"])])
     assert out == {PoolName.MAMBA: [True]} and torch.equal(mamba.get_data_page(7, flat=True), state)
-    assert sorted(os.listdir(drives[0])) == ["mla-dcp0of1-pp0of1-cp0of1-dp0", "rank1of2-pp0of1-cp0of1-dp0"]
+    assert sorted(os.listdir(os.path.join(drives[0], "tiny-llama"))) == ["mla-dcp0of1-pp0of1-cp0of1-dp0",
+                                                                          "rank1of2-pp0of1-cp0of1-dp0"]
     follower.close()
     writer.close()
 

@@ -17,7 +17,7 @@ order (Mamba state pools, whose pages are assembled copies) moves its pages thro
 flat-page methods instead.  Reads are checksummed by the store, and verified pages are copied
 into the pool (or the caller's tensors) by its native worker, without the GIL: a bad
 page is deleted and reported missing, so SGLang recomputes it.  Each TP/PP rank is its own process and
-opens its own store, in a ``rank<tp>-pp<pp>...`` directory on every drive; but MLA models' KV is the
+opens its own store, in a ``<model>/rank<tp>-pp<pp>...`` directory on every drive; but MLA models' KV is the
 same on every TP rank and SGLang backs it up from one writer rank, so their ranks share that rank's
 store (the others follow it read-only: ``StoreConfig.follow``).
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -51,17 +52,23 @@ from kvswarm.store import KVStore, Runs, StoreConfig
 log = logging.getLogger(__name__)
 
 
+def model_dir(cfg: HiCacheStorageConfig) -> str:
+    """The model's directory on every drive: servers of other models on the same drives keep stores
+    of their own (a store has one writer)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", cfg.model_name or "").strip("-.") or "model"
+
+
 def rank_dir(cfg: HiCacheStorageConfig) -> str:
     """This rank's own store: every page of a TP-sharded model, TP-sharded pools (Mamba state) of MLA ones."""
-    return (f"rank{cfg.tp_rank}of{cfg.tp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
-            f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
+    return os.path.join(model_dir(cfg), f"rank{cfg.tp_rank}of{cfg.tp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
+                                        f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
 
 
 def shared_dir(cfg: HiCacheStorageConfig) -> str:
     """The store of an MLA model's rank-replicated pages: one per DCP shard (and PP stage, CP rank,
     DP group), written by that shard's writer rank (``is_storage_writer``) and read by its TP ranks."""
-    return (f"mla-dcp{cfg.dcp_rank}of{cfg.dcp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
-            f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
+    return os.path.join(model_dir(cfg), f"mla-dcp{cfg.dcp_rank}of{cfg.dcp_size}-pp{cfg.pp_rank}of{cfg.pp_size}"
+                                        f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
 
 
 def pool_layout(cfg: HiCacheStorageConfig, pool: Any | None) -> KVLayout:
