@@ -11,10 +11,12 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 from kvswarm.catalog import JOURNAL, Catalog, Entry
 from kvswarm.errors import KVSwarmError
+from kvswarm.format import key_digest
 from kvswarm.store import KVStore, StoreConfig
 
 SIZE = 60_000  # one 60 KiB extent per object
@@ -23,11 +25,13 @@ import sys
 from kvswarm.errors import DriveFull
 from kvswarm.store import KVStore, StoreConfig
 
-store = KVStore(StoreConfig(drives=sys.argv[1].split(","), capacity_per_drive=1 << 20, checkpoint_every=10**9))
+store = KVStore(StoreConfig(drives=sys.argv[1].split(","), capacity_per_drive=int(sys.argv[2]), checkpoint_every=10**9))
 for line in sys.stdin:
     cmd, *args = line.split()
     if cmd == "put":  # put NAME FILL
         ok = store.put(args[0].encode(), bytes([int(args[1])]) * %d)
+    elif cmd == "many":  # many N: N small objects, s0 .. s<N-1>
+        ok = all(store.put_many([(b"s%%d" %% i, b"%%d" %% i) for i in range(int(args[0]))]))
     elif cmd == "delete":
         ok = store.delete(args[0].encode())
     elif cmd == "fill":  # write objects until the pool is full: every free extent is reused
@@ -52,9 +56,9 @@ store.close()
 class Writer:
     """The store's one writer, in a process of its own, driven a command at a time."""
 
-    def __init__(self, drives: list[str]) -> None:
-        self.p = subprocess.Popen([sys.executable, "-c", WRITER, ",".join(drives)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+    def __init__(self, drives: list[str], capacity: int = 1 << 20) -> None:
+        self.p = subprocess.Popen([sys.executable, "-c", WRITER, ",".join(drives), str(capacity)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def __call__(self, *cmd: object) -> str:
         self.p.stdin.write(" ".join(map(str, cmd)) + "\n")
@@ -143,23 +147,28 @@ def test_follower_needs_an_existing_store(tmp_path):
 
 
 def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
-    """A reader thread keeps reading while the writer checkpoints again and again (each one makes
-    the follower reload its whole catalog): every read is the right bytes or a miss, none fails."""
-    w = Writer(drives)
-    for i in range(12):
-        w("put", f"a{i}", i)
+    """A reader thread keeps reading while the writer checkpoints again and again, each time making
+    the follower reload its whole catalog (a fresh, at first smaller, row table under the reader's
+    feet): every read is the right bytes or a miss, none fails."""
+    w = Writer(drives, capacity=16 << 20)
+    n = 3000  # rows beyond the 1024 an emptied table starts with
+    w("many", n)
     w("flush")
     f = KVStore(StoreConfig(drives=drives, follow=True))
-    keys = [f"a{i}".encode() for i in range(12)]
+    keys = [b"s%d" % i for i in range(n)]
     stop, seen, errors = threading.Event(), [0, 0], []
+
+    digests = [key_digest(k) for k in keys]
 
     def reader() -> None:
         while not stop.is_set():
             try:
+                for _ in range(20):  # mostly the lookup, where a read meets the reload
+                    f.catalog.locate(digests)
                 with f.get_many(keys) as r:
                     for i, v in enumerate(r.views):
                         if v is not None:
-                            assert bytes(v) == bytes([i]) * SIZE
+                            assert bytes(v) == b"%d" % i
                             seen[0] += 1
                         else:
                             seen[1] += 1
@@ -168,13 +177,19 @@ def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
                 return
 
     t = threading.Thread(target=reader)
-    t.start()
-    for _ in range(15):
-        w("checkpoint")
-        assert f.refresh() is True
-    stop.set()
-    t.join()
-    assert not errors and seen[0] > 0
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns between any two steps of a read
+    try:
+        t.start()
+        for _ in range(15):
+            w("checkpoint")
+            assert f.refresh() is True
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
+    assert seen[0] > 0
     f.close()
     w.close()
 
@@ -210,3 +225,18 @@ def test_a_second_writer_is_refused_while_the_first_is_open(drives):
         assert s.get(b"a0") == bytes([1]) * SIZE
         with pytest.raises(KVSwarmError):  # one writer per store within a process too
             KVStore(StoreConfig(drives=drives))
+
+
+def test_a_read_meeting_a_half_reloaded_table_is_a_miss(drives):
+    """The state a reader can meet in the middle of a follower's reload: the index still holds the
+    old rows, the table is the fresh (smaller) one.  Reads of it are misses, not an IndexError."""
+    n = 1500
+    with KVStore(StoreConfig(drives=drives, capacity_per_drive=8 << 20)) as w:
+        w.put_many([(b"s%d" % i, b"%d" % i) for i in range(n)])
+        w.flush()
+        f = KVStore(StoreConfig(drives=drives, follow=True))
+        f.catalog._rows = np.zeros(1024, f.catalog._rows.dtype)  # as Catalog._clear leaves it
+        with f.get_many([b"s%d" % i for i in range(n)]) as r:
+            assert all(v is None or bytes(v) == b"%d" % i for i, v in enumerate(r.views))
+            assert r.misses == n
+        f.close()
