@@ -169,16 +169,22 @@ def test_pages_persist_and_keys_are_isolated(drives):
     b.close()
 
 
-def test_servers_of_other_models_share_drives_but_not_a_store(drives):
+def test_servers_share_drives_but_each_store_has_one_writer(drives):
     pool = host_pool("page_first")
     a = open_backend(drives, pool)
     b = open_backend(drives, pool, model="org/other-model")  # a store of its own beside a's
     assert a.batch_set_v1(["p"], pages(pool, 0, 1)) == [True] and b.batch_exists(["p"]) == 0
     with pytest.raises(Exception, match="follow=True"):  # a second server of a's model: one writer per store
         open_backend(drives, pool)
+    other = host_pool("page_first", seed=5)
+    r = open_backend(drives, other, follow=True)  # ... configured to follow: it reads a's store
+    assert r.batch_exists(["p"]) == 1 and r.batch_get_v1(["p"], pages(other, 3, 1)) == [True]
+    assert torch.equal(page_data(other, pages(other, 3, 1), 1)[0], page_data(pool, pages(pool, 0, 1), 1)[0])
+    assert r.batch_set_v1(["q"], pages(other, 4, 1)) == [False] and not a.exists("q")
+    assert a.batch_set_v1(["q"], pages(pool, 1, 1)) == [True] and r.exists("q")  # a's flushes reach r
     assert sorted(os.listdir(drives[0])) == ["org-other-model", "tiny-llama"]
-    a.close()
-    b.close()
+    for x in (r, a, b):
+        x.close()
 
 
 @pytest.mark.parametrize("io_backend", ["threads", "auto"])

@@ -139,19 +139,21 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             queue_depth=int(extra.get("queue_depth", 32)),
             buffer_pool_bytes=int(extra.get("buffer_pool_bytes", 256 << 20)))
         # MLA's KV is replicated over TP ranks and SGLang backs it up from one writer rank only: the
-        # other ranks follow the writer's store (read-only, refreshed as they use it).
+        # other ranks follow the writer's store (read-only, refreshed as they use it).  "follow"
+        # makes every store a follower: a server reading another server's stores on the same drives.
         self.replicated = bool(storage_config.is_mla_model)
-        self.writer = storage_config.is_storage_writer
-        self._own: KVStore | None = None
-        self._shared: KVStore | None = None
+        self.follow = bool(extra.get("follow", False))
+        self.writer = storage_config.is_storage_writer and not self.follow
+        self._stores: dict[str, KVStore] = {}  # by directory under each drive
         self._opening = threading.Lock()  # SGLang's backup and prefetch threads may both open a store first
         self.mem_pool_host = None
         self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
         first = self._store(PoolName.KV)
-        log.info("kvswarm HiCache backend: %d drives, %s store, %d pages", len(self.drives),
-                 "shared (MLA writer)" if self.replicated and self.writer else
-                 "shared (MLA, following its writer)" if self.replicated else "rank", len(first) if first else 0)
+        log.info("kvswarm HiCache backend: %d drives, %s%s store, %d pages", len(self.drives),
+                 "MLA ranks' shared" if self.replicated else "this rank's",
+                 " (written here)" if self.writer else " (followed: written by another process)",
+                 len(first) if first else 0)
 
     def _open(self, sub: str, follow: bool) -> KVStore:
         paths = [os.path.join(d, sub) for d in self.drives]
@@ -169,25 +171,23 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         share, but for TP-sharded Mamba state; otherwise this rank's own.  A follower takes in what
         its writer has flushed (one ``stat`` when nothing); None while the writer has not made its
         store yet."""
-        if not self.replicated or str(pool) == PoolName.MAMBA.value:
-            if self._own is None:
-                with self._opening:
-                    if self._own is None:
-                        self._own = self._open(rank_dir(self.config), follow=False)
-            return self._own
-        if self._shared is None:
+        if self.replicated and str(pool) != PoolName.MAMBA.value:
+            sub, follow = shared_dir(self.config), not self.writer
+        else:
+            sub, follow = rank_dir(self.config), self.follow
+        store = self._stores.get(sub)
+        if store is None:
             with self._opening:
-                if self._shared is None:
-                    if self.writer:
-                        self._shared = self._open(shared_dir(self.config), follow=False)
-                    else:
-                        try:
-                            self._shared = self._open(shared_dir(self.config), follow=True)
-                        except (KVSwarmError, OSError):  # its writer rank has not made it yet: a miss for now
-                            return None
-        elif not self.writer:
-            self._shared.refresh()
-        return self._shared
+                if (store := self._stores.get(sub)) is None:
+                    try:
+                        store = self._stores[sub] = self._open(sub, follow)
+                    except (KVSwarmError, OSError):
+                        if not follow:
+                            raise
+                        return None  # its writer has not made it yet: a miss for now
+        elif follow:
+            store.refresh()
+        return store
 
     @property
     def store(self) -> KVStore | None:
@@ -231,7 +231,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads) -> list[bool]:
         """Write ``payloads(i)`` for keys not stored yet; durable before returning when ``durable``.
-        A follower writes nothing (SGLang backs MLA's KV up from its writer rank only)."""
+        A follower writes nothing (SGLang backs MLA's KV up from its writer rank only; a server
+        configured to follow has no store of its own)."""
         store = self._store(pool)
         if store is None or store.config.follow:
             return [False] * len(keys)
@@ -421,8 +422,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return None
 
     def close(self) -> None:
-        for store in (self._own, self._shared):
-            if store is not None and store.engine is not None:
+        for store in self._stores.values():
+            if store.engine is not None:
                 store.close()
 
 
