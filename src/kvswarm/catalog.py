@@ -149,9 +149,10 @@ class Catalog:
         self._pending: list[bytes] = []
         self._clear()
         self._jfd = -1
-        # follow: the journal file read (inode) and the bytes of it applied (None: not this epoch's)
-        self._followed: tuple[int | None, int | None] = (None, None)
-        self._journal_seen: tuple[int, int] | None = None  # follow: (inode, size) at the last look
+        # follow: the journal's (inode, size) at the last look, and the bytes of it applied (None: it is
+        # not this epoch's journal, so the follower waits for the next journal file)
+        self._journal_seen: tuple[int, int] | None = None
+        self._applied: int | None = None
         self._load()
         if not follow:
             self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
@@ -228,13 +229,13 @@ class Catalog:
 
     def _load_once(self) -> bool:
         """Checkpoint, then the journal that continues it; False: a follower read a journal of
-        another epoch (``_followed`` then waits for the next journal file)."""
+        another epoch (and then waits for the next journal file)."""
+        self._journal_seen = self._applied = None
         with _no_gc():
             ck = self._path(CHECKPOINT)
             if os.path.exists(ck):
                 self._load_checkpoint(ck)
             jp = self._path(JOURNAL)
-            ino = None
             if os.path.exists(jp):
                 with open(jp, "rb") as f:
                     ino = os.fstat(f.fileno()).st_ino
@@ -244,7 +245,7 @@ class Catalog:
                         and _JHDR.unpack_from(data)[1] == self.epoch:
                     end = self._replay(data, _JHDR.size)
                     if self.follow:  # a torn tail is the writer's append in progress: read again later
-                        self._followed = (ino, end)
+                        self._applied = end
                     elif self.torn_tail:  # cut the torn record off, so that later appends follow a valid one
                         with open(jp, "r+b") as f:
                             f.truncate(end)
@@ -253,8 +254,7 @@ class Catalog:
             if not self.follow:
                 self._reset_journal()
                 return True
-            self._followed = (ino, None)
-            return ino is None  # no journal yet: the writer has not started one
+            return self._journal_seen is None  # no journal yet: the writer has not started one
 
     def refresh(self) -> bool:
         """A following catalog: apply the records the writer has journaled since the last call;
@@ -268,15 +268,15 @@ class Catalog:
         except FileNotFoundError:
             return False
         with self._lock:
-            if (st.st_ino, st.st_size) == self._journal_seen:
+            seen, applied = self._journal_seen, self._applied
+            if (st.st_ino, st.st_size) == seen:
                 return False
             self._journal_seen = (st.st_ino, st.st_size)
-            ino, applied = self._followed
-            if st.st_ino == ino and applied is not None and st.st_size > applied:
-                data = self._journal_tail(jp, ino, applied, st.st_size)
+            if seen is not None and st.st_ino == seen[0] and applied is not None and st.st_size > applied:
+                data = self._journal_tail(jp, st.st_ino, applied, st.st_size)
                 if data is not None:
                     before = self.replayed
-                    self._followed = (ino, applied + self._replay(data, 0))
+                    self._applied = applied + self._replay(data, 0)
                     return self.replayed > before
             self._clear()
             self._load()
