@@ -144,6 +144,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.replicated = bool(storage_config.is_mla_model)
         self.follow = bool(extra.get("follow", False))
         self.writer = storage_config.is_storage_writer and not self.follow
+        self._shared_dir, self._rank_dir = shared_dir(storage_config), rank_dir(storage_config)
         self._stores: dict[str, KVStore] = {}  # by directory under each drive
         self._opening = threading.Lock()  # SGLang's backup and prefetch threads may both open a store first
         self.mem_pool_host = None
@@ -171,10 +172,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         share, but for TP-sharded Mamba state; otherwise this rank's own.  A follower takes in what
         its writer has flushed (one ``stat`` when nothing); None while the writer has not made its
         store yet."""
-        if self.replicated and str(pool) != PoolName.MAMBA.value:
-            sub, follow = shared_dir(self.config), not self.writer
-        else:
-            sub, follow = rank_dir(self.config), self.follow
+        shared = self.replicated and str(pool) != PoolName.MAMBA.value
+        sub, follow = (self._shared_dir, not self.writer) if shared else (self._rank_dir, self.follow)
         store = self._stores.get(sub)
         if store is None:
             with self._opening:
@@ -206,11 +205,11 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
     # ---- store plumbing ------------------------------------------------------------
     def _read(self, pool: str | PoolName, keys: Sequence[bytes], into: Sequence[Any] | None = None,
               sink=None) -> list[bool]:
-        """Read ``keys`` of ``pool``'s pages.  The store copies each verified hit into its ``into`` buffer, or scatters
-        it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on its native worker
-        without the GIL, which SGLang's scheduler thread holds most of the time; ``sink(i,
-        memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are deleted; a
-        page that does not fit its target is a miss, and stays."""
+        """Read ``keys`` of ``pool``'s pages.  The store copies each verified hit into its ``into``
+        buffer, or scatters it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on
+        its native worker without the GIL, which SGLang's scheduler thread holds most of the time;
+        ``sink(i, memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are
+        deleted; a page that does not fit its target is a miss, and stays."""
         ok = [False] * len(keys)
         store = self._store(pool)
         if store is None:
