@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 import xxhash
-from kvswarm._verify import drain, submit
+from kvswarm._verify import assist, drain, submit
 
 L, SPAN = 8192, 12288
 
@@ -116,6 +116,35 @@ def test_many_jobs_all_finish_and_drain_waits_for_all():
     more = [submit(src, offs, lens, sums, np.ones(len(offs), np.uint8), None) for _ in range(5)]
     drain()
     assert all(j.done for j in more)
+
+
+def test_threads_that_help_run_queued_jobs_alongside_the_worker():
+    """assist() runs the oldest queued job on the calling thread; with nothing queued it returns False."""
+    import threading
+
+    src, offs, lens, sums = _batch(n=64, seed=2)
+    sums[5] ^= 1
+    oks = [np.ones(len(offs), np.uint8) for _ in range(200)]
+    dst = [[bytearray(L) for _ in offs] for _ in oks]
+    jobs = [submit(src, offs, lens, sums, ok, [memoryview(b) for b in d]) for ok, d in zip(oks, dst)]
+    ran = [0] * 12  # more helpers than helper slots: the extra ones find no slot and return False
+
+    def helper(k):
+        while assist():
+            ran[k] += 1
+
+    threads = [threading.Thread(target=helper, args=(k,)) for k in range(len(ran))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    drain()
+    assert assist() is False  # nothing queued
+    assert all(j.done for j in jobs)
+    want = [i != 5 for i in range(len(offs))]
+    assert all(ok.astype(bool).tolist() == want for ok in oks)
+    assert all(bytes(d[i]) == src[offs[i]:offs[i] + L].tobytes() for d in dst for i in range(len(offs)) if want[i])
+    assert sum(ran) <= len(jobs)
 
 
 @pytest.mark.parametrize("threads", ["1", "3"])

@@ -7,7 +7,9 @@
  * verified 256 KiB payloads one by one fell to half the speed of vLLM's own file tier.  Here the
  * driver thread hands a whole batch over in one call and polls `done`; the hashing and copying
  * run meanwhile on other cores, whoever holds the GIL.  Jobs start in the order they were handed
- * over; with several workers they may finish in another.
+ * over; with several workers they may finish in another.  A thread with nothing else to do (a
+ * driver whose drives are idle) can run queued jobs too, with `assist`: the disk's last burst of
+ * completions is then verified on two cores, not queued behind one worker.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -42,7 +44,8 @@ static pthread_cond_t work = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_I
 /* Workers: one per spare core, at most MAX_WORKERS (one thread hashes ~15 GB/s and copies ~8 GB/s
  * here; a server's drives can deliver several times that).  KVSWARM_VERIFY_THREADS overrides. */
 #define MAX_WORKERS 8
-static Job *head = NULL, *tail = NULL, *running[MAX_WORKERS];
+#define MAX_HELPERS 8 /* threads inside `assist` at once; slots after the workers' in `running` */
+static Job *head = NULL, *tail = NULL, *running[MAX_WORKERS + MAX_HELPERS];
 static int started = 0, busy = 0;
 
 static void run(Job *j) {
@@ -63,23 +66,28 @@ static void run(Job *j) {
     }
 }
 
+/* Take the queue's head into running[slot] and run it (called with mu held, returns with it held). */
+static void run_head(int slot) {
+    Job *j = head;
+    head = j->next;
+    if (head == NULL) tail = NULL;
+    running[slot] = j;
+    busy++;
+    pthread_mutex_unlock(&mu);
+    run(j);
+    pthread_mutex_lock(&mu);
+    running[slot] = NULL;
+    busy--;
+    __atomic_store_n(&j->state, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&finished);
+}
+
 static void *worker(void *arg) {
     int me = (int)(intptr_t)arg;
     pthread_mutex_lock(&mu);
     for (;;) {
         while (head == NULL) pthread_cond_wait(&work, &mu);
-        Job *j = head;
-        head = j->next;
-        if (head == NULL) tail = NULL;
-        running[me] = j;
-        busy++;
-        pthread_mutex_unlock(&mu);
-        run(j);
-        pthread_mutex_lock(&mu);
-        running[me] = NULL;
-        busy--;
-        __atomic_store_n(&j->state, 1, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&finished);
+        run_head(me);
     }
     return NULL;
 }
@@ -101,7 +109,7 @@ static void after_fork_child(void) {
     pthread_mutex_init(&mu, NULL);
     pthread_cond_init(&work, NULL);
     pthread_cond_init(&finished, NULL);
-    for (int w = 0; w < MAX_WORKERS; w++)
+    for (int w = 0; w < MAX_WORKERS + MAX_HELPERS; w++)
         if (running[w] != NULL) fail_unrun(running[w]);
     for (Job *j = head; j != NULL; j = j->next) fail_unrun(j);
     memset(running, 0, sizeof(running));
@@ -353,8 +361,29 @@ static PyObject *drain(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *assist(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    int ran = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&mu);
+    for (int slot = MAX_WORKERS; head != NULL && slot < MAX_WORKERS + MAX_HELPERS; slot++) {
+        if (running[slot] == NULL) {
+            run_head(slot);
+            ran = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ran);
+}
+
 static PyMethodDef methods[] = {
     {"submit", submit, METH_VARARGS, submit_doc},
+    {"assist", assist, METH_NOARGS,
+     "assist() -> bool: run the oldest queued job on this thread (GIL released), as a worker would; False if "
+     "none was queued (or MAX_HELPERS threads are assisting already)"},
     {"drain", drain, METH_NOARGS,
      "drain(): wait until every job handed over so far is finished (run at exit: the worker must not touch "
      "memory the interpreter is tearing down)"},

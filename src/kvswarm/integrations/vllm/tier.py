@@ -323,13 +323,16 @@ class KVSwarmTierManager(SecondaryTierManager):
             progressed = False
             if any(j.batches for j in active):
                 self.store.engine.poll(0)  # one reap for every batch: `done` below makes no system call
-            for j in active:
-                # Any finished batch, not only the oldest: the disk completes deep queues out of
-                # order, and a batch left waiting behind another adds its verify and copy to the tail.
-                if any(b[2].done for b in j.batches):
+            # Any finished batch, not only the oldest: the disk completes deep queues out of order,
+            # and a batch left waiting behind another adds its verify and copy to the tail.  `done`
+            # hands each batch whose reads are back to verification: every batch is asked before any
+            # is completed, so none waits for verification to start while earlier ones complete.
+            states = [[b[2].done for b in j.batches] for j in active]
+            for j, done in zip(active, states):
+                if any(done):
                     left = []
-                    for b in j.batches:
-                        if not b[2].done:
+                    for b, ready in zip(j.batches, done):
+                        if not ready:
                             left.append(b)
                         elif j.load:
                             self._complete_load(j, *b[:3])
