@@ -165,7 +165,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  backend: str = "auto", queue_depth: int | None = None, stripe_unit: int | None = None,
                  placement: str = "round_robin", buffer_pool_bytes: int = 256 << 20, tenant: str = "",
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
-                 max_inflight_jobs: int = 16, max_batch_bytes: int = 4 << 20, eviction: str = "lru",
+                 max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
                  refresh_interval: float = 0.05, backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -186,8 +186,10 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.flush_interval = flush_interval
         self.follow = follow
         self.refresh_interval = refresh_interval
-        # Small batches: a batch is verified only once all its reads are back, so with big chunks
-        # (2 MiB) one chunk per batch lets verification overlap the job's other reads.
+        # A batch is verified once all its reads are back, and costs the driver ~0.3 ms of Python:
+        # 16 MiB batches (7 chunks of 2 MiB, or a whole job of 256 KiB ones) restored 2 MiB chunks
+        # at 0.97-1.01 of raw vs 0.88-0.95 with one chunk per batch (CPU 0.33 vs 0.45 s/GB); 32 MiB
+        # left too little overlap (0.95).
         self.max_batch_bytes = max_batch_bytes
         self._events: list[OffloadingEvent] | None = (
             [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
