@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="restarts in fresh processes, besides the in-process ones (0 to skip)")
     p.add_argument("--kv-backend", default="uring", choices=["uring", "threads"], help="kvswarm I/O backend")
     p.add_argument("--rounds", type=int, default=None,
-                   help="measurement rounds, the median kept (default 9; eight drives: 5, or 3 with --quick)")
+                   help="measurement rounds, the median kept (default 15; eight drives: 5, or 3 with --quick)")
     p.add_argument("--no-testbed", action="store_true", help="skip the eight-drive loop-device part")
     p.add_argument("--engine-load", type=engine_loads, default="1/1,3/1", metavar="HOLD/IDLE,...",
                    help="GIL duty cycles of the emulated engine thread, ms held / ms idle, measured at the first "
@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     sizes = [int(s) * KiB for s in (args.block_sizes or "256,2048").split(",")]
     restore = (args.restore_mib or (256 if quick else 1024)) * MiB
     lookups = args.lookup_blocks or 16384
-    rounds = args.rounds or 9  # a noisy shared disk (+-15% from one second to the next): medians of nine
+    # A noisy shared disk (+-15% from one second to the next; per-round ratios 0.7-1.2): the median
+    # of 9 rounds moved +-0.04 between runs of the same code, of 15 about a quarter less.
+    rounds = args.rounds or 15
     tb_rounds = args.rounds or (3 if quick else 5)  # throttled drives vary little, and are slow
     root = tempfile.mkdtemp(prefix="kvswarm-bench-vllm-", dir=args.dir or "/var/tmp")
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": quick, "kv_backend": args.kv_backend,
