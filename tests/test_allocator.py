@@ -19,6 +19,7 @@ def _check(a: ExtentAllocator, live: dict[int, int]) -> None:
         pos = off + ln
     assert pos == a.end
     assert a.used == sum(live.values())
+    assert a.largest_free == max((ln for _, ln in a.free_runs()), default=0)  # the largest alloc that succeeds
 
 
 @settings(max_examples=150, deadline=None)

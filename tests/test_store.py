@@ -152,6 +152,8 @@ def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         items = [(b"m%d" % i, _payload(b"m%d" % i, 200_000 + i)) for i in range(6)]  # 4 extents each
         s.put_many(items)
+        for k, v in items:  # what a caller sizes its batches by: the extents' bytes, as leased
+            assert s.object_bytes(len(v)) == sum(e[2] for e in s.catalog.get(_digest(k)).extents)
         with s.get_many([k for k, _ in items]) as r:
             assert r.misses == 0
             for (_, v), got in zip(items, r.views):

@@ -47,6 +47,12 @@ class ExtentAllocator:
     def free(self) -> int:
         return self.capacity - self._used
 
+    @property
+    def largest_free(self) -> int:
+        """The longest free run: the most one ``alloc`` can return now (free bytes may be split)."""
+        with self._lock:
+            return max(self.end - self._bump, max(self._free_by_start.values(), default=0))
+
     def _check(self, nbytes: int) -> None:
         if nbytes <= 0 or nbytes % self.unit:
             raise UnalignedBuffer(f"extent length {nbytes} must be a positive multiple of {self.unit}")

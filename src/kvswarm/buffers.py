@@ -95,6 +95,11 @@ class BufferPool:
     def in_use(self) -> int:
         return self._alloc.used
 
+    @property
+    def largest_free(self) -> int:
+        """The largest lease the pool can give now: leases released out of order split its free bytes."""
+        return self._alloc.largest_free
+
     def populate(self, step: int = 2 << 20) -> bool:
         """Fault the whole region in now rather than in the first I/Os into it; False where the
         kernel cannot (before 5.14), and the pages then fault in on first use as before.

@@ -424,6 +424,13 @@ class KVStore:
     def _views(self) -> list[DriveView]:
         return [DriveView(d.index, d.free_bytes, d.healthy, d.kind) for d in self.drives if d.healthy]
 
+    def object_bytes(self, length: int) -> int:
+        """Bytes an object of ``length`` takes: its extents (headers, payload, alignment) on the
+        drives, and its lease in the buffer pool while it is written or read."""
+        unit = self.config.stripe_unit - HEADER_SIZE
+        full, rest = divmod(length, unit)
+        return full * extent_size(unit) + (extent_size(rest) if rest or not full else 0)
+
     def submit_put(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> PutHandle:
         """Write ``(key, data)`` items; returns at once. Raises DriveFull when the pool has no room.
 
@@ -432,15 +439,8 @@ class KVStore:
         if self.config.follow:
             raise KVSwarmError("this store follows another process's: only its writer puts")
         unit = self.config.stripe_unit - HEADER_SIZE
-        full_ext = extent_size(unit)
-        mvs = []
-        total = 0
-        for _, data in items:
-            mv = _as_bufs(data)
-            mvs.append(mv)
-            full, rest = divmod(_bufs_len(mv), unit)
-            total += full * full_ext + (extent_size(rest) if rest or not full else 0)
-        lease = self.pool.lease(total)
+        mvs = [_as_bufs(data) for _, data in items]
+        lease = self.pool.lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset

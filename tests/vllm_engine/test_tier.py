@@ -223,3 +223,35 @@ def test_follower_reads_a_live_writers_chunks_and_stores_nothing(drives):
     finally:
         a.close()
         b.close()
+
+
+def test_many_jobs_on_a_small_pool_all_succeed(drives):
+    """Jobs in flight together lease and release pool runs out of order, so the pool's free bytes
+    can lie in runs that are each too short for the next batch: it waits for one long enough
+    rather than failing its chunks."""
+    layout = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", tokens_per_block=128,
+                      model_id="tier-test-256k")  # 256 KiB chunks: an extent is barely bigger than its chunk
+    n, bs = 256, layout.block_bytes
+    primary = Primary.create(n, bs)
+    try:
+        rng = np.random.default_rng(3)
+        data = [rng.integers(0, 256, bs, dtype=np.uint8) for _ in range(n)]
+        for i, d in enumerate(data):
+            primary.chunk(i)[:] = d
+        keys = keys_for(n)
+        tier = make_tier(tier_config(drives[:1], capacity_per_drive=128 << 20, buffer_pool_bytes=8 << 20),
+                         primary, offloading_spec(layout, n * bs))
+        try:
+            run = JobRunner(tier)
+            jobs = [list(range(i, i + 16)) for i in range(0, n, 16)]
+            for load in (False, True):
+                if load:
+                    primary.mm[:] = bytes(len(primary.mm))
+                ids = [run.submit([keys[i] for i in c], c, load=load) for c in jobs]
+                assert all(r.success for r in run.wait(ids).values())
+            for i in range(n):
+                assert np.array_equal(primary.chunk(i), data[i])
+        finally:
+            tier.shutdown()
+    finally:
+        primary.close()

@@ -267,11 +267,8 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _capacity_chunks(self) -> int:
         """Chunks the pool holds: whole objects per drive (extents of one size never fragment)."""
-        unit = self.store.config.stripe_unit - HEADER_SIZE
-        bs = self.block_size_bytes
-        parts = -(-bs // unit)
-        per_object = (parts - 1) * extent_size(unit) + extent_size(bs - (parts - 1) * unit)
-        if parts == 1:
+        per_object = self.store.object_bytes(self.block_size_bytes)
+        if self.block_size_bytes <= self.store.config.stripe_unit - HEADER_SIZE:  # one extent per chunk
             return sum((d.capacity - d.data_start) // per_object for d in self.store.drives)
         return sum(d.capacity - d.data_start for d in self.store.drives) // per_object
 
@@ -366,10 +363,11 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
-        pool = self.store.pool
-        per_key = self.block_size_bytes + (1 << 16)  # payload + headers/alignment, generously
+        pool, per_key = self.store.pool, self.store.object_bytes(self.block_size_bytes)
         while j.pos < len(j.keys):
-            room = pool.capacity - pool.in_use
+            # A lease is one run of the pool: with batches of other sizes released out of order, its
+            # free bytes may lie in runs each too short, and a batch sized by them failed its chunks.
+            room = pool.largest_free
             n = min(len(j.keys) - j.pos, max(1, room // per_key), max(1, self.max_batch_bytes // per_key))
             if room < per_key and not (force and not j.batches):
                 return
