@@ -8,6 +8,7 @@ import stat
 import numpy as np
 import pytest
 
+import kvswarm.store as store_mod
 from kvswarm import DriveError, DriveFull, KVStore, UnalignedBuffer
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
@@ -286,9 +287,12 @@ def test_put_gathers_runs(tmp_path, backend):
         assert s.verify([_digest(b"small"), _digest(b"big")]) == 0
 
 
-def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite):
+@pytest.mark.parametrize("job_bytes", [4 << 20, 8192])
+def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite, job_bytes, monkeypatch):
     """A corrupt payload or a header that no longer matches is a counted miss, and the caller's
-    buffer is left as it was: never a hit with wrong bytes."""
+    buffer is left as it was: never a hit with wrong bytes.  Also with a batch verified as one
+    native job per payload (``job_bytes`` 8192)."""
+    monkeypatch.setattr(store_mod, "VERIFY_JOB_BYTES", job_bytes)
     paths = _dirs(tmp_path, 1)
     with _open(paths, backend) as s:
         items = [(b"v%d" % i, _payload(b"v%d" % i, 8192)) for i in range(4)]

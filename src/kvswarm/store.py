@@ -61,6 +61,7 @@ except ImportError:
     verify_submit = None
 
 log = logging.getLogger(__name__)
+VERIFY_JOB_BYTES = 4 << 20  # payload bytes per native verify job (see _check_get)
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
 _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 MANIFEST = "store.json"
@@ -180,18 +181,19 @@ class GetHandle(_Handle):
             results = full
         self._check = self._store._check_get(self._ext, self._reads, results, self._lease)
         self._checking = True
-        if self._check is not None and self._check.job is not None:
-            self._store._verifying.append(self._check.job)
+        if self._check is not None:
+            self._store._verifying.extend(self._check.jobs)
 
     def wait(self) -> GetResult:
         if self._result is None:
             self._store.engine.wait(self._batch)
             if not self._checking:
                 self._start_check()
-            if self._check is not None and self._check.job is not None:
-                while not self._check.job.done and verify_assist():  # this thread would only wait
+            if self._check is not None and self._check.jobs:
+                while not self._check.done and verify_assist():  # this thread would only wait
                     pass
-                self._check.job.wait()
+                for job in self._check.jobs:
+                    job.wait()
             self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads, self._check,
                                                    self._lease)
         return self._result
@@ -214,7 +216,7 @@ Bufs = memoryview | Runs  # one buffer, or runs an object spans in order
 @dataclass(slots=True)
 class _Check:
     """A batch under verification (see KVStore._check_get); ``ok`` and the caller's buffers in
-    ``dst`` are final once ``job`` (the native worker's, if any) is done."""
+    ``dst`` are final once its ``jobs`` (the native worker's, if any) are done."""
 
     results: Sequence[int | None]  # per extent: bytes read or -errno
     io_ok: np.ndarray
@@ -223,11 +225,11 @@ class _Check:
     at: np.ndarray  # per extent: where its payload lies in the pool
     payloads: list[memoryview]
     dst: list[Bufs | None] | None  # per object, the caller's buffer the worker copies its verified extents into
-    job: object | None  # kvswarm._verify.Job
+    jobs: tuple  # kvswarm._verify.Job, each for a run of the extents
 
     @property
     def done(self) -> bool:
-        return self.job is None or self.job.done
+        return all(job.done for job in self.jobs)
 
 
 @dataclass(slots=True)
@@ -674,13 +676,19 @@ class KVStore:
                 at_obj = (cs - cs[np.flatnonzero(ext.part == 0)][ext.obj]).tolist()
                 parts = [None if dst[o] is None else _part(dst[o], a, n)
                          for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
-        job = None
+        jobs: tuple = ()
         if verify_submit is not None:
-            job = verify_submit(self.pool.array, at + poff, pp.astype(np.int64),
-                                np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8), parts)
+            # Runs of about VERIFY_JOB_BYTES each: a big batch (the last of a restore, or a lone
+            # request's) is then verified by the worker and an assisting thread together.
+            src, offs, lens = self.pool.array, at + poff, pp.astype(np.int64)
+            sums, oks = np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8)
+            cuts = np.searchsorted(np.cumsum(lens), np.arange(VERIFY_JOB_BYTES, int(lens.sum()), VERIFY_JOB_BYTES),
+                                   side="right").tolist()
+            jobs = tuple(verify_submit(src, offs[a:b], lens[a:b], sums[a:b], oks[a:b], None if parts is None
+                                       else parts[a:b]) for a, b in zip([0, *cuts], [*cuts, k]) if b > a)
         else:
             ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
-        return _Check(results, io_ok, ok, single, at + poff, payloads, dst, job)
+        return _Check(results, io_ok, ok, single, at + poff, payloads, dst, jobs)
 
     def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
                     check: _Check | None, lease: Lease | None) -> GetResult:
