@@ -667,6 +667,7 @@ class KVStore:
         lv = lease.view
         poff = np.where(sector, ALIGN, HEADER_SIZE)
         payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
+        payload_at = at + poff
         dst = parts = None
         if verify_submit is not None and reads.into is not None:
             dst = _sized(reads.into, ext.rows["payload_len"])
@@ -680,7 +681,7 @@ class KVStore:
         if verify_submit is not None:
             # Runs of about VERIFY_JOB_BYTES each: a big batch (the last of a restore, or a lone
             # request's) is then verified by the worker and an assisting thread together.
-            src, offs, lens = self.pool.array, at + poff, pp.astype(np.int64)
+            src, offs, lens = self.pool.array, payload_at, pp.astype(np.int64)
             sums, oks = np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8)
             cuts = np.searchsorted(np.cumsum(lens), np.arange(VERIFY_JOB_BYTES, int(lens.sum()), VERIFY_JOB_BYTES),
                                    side="right").tolist()
@@ -688,7 +689,7 @@ class KVStore:
                                        else parts[a:b]) for a, b in zip([0, *cuts], [*cuts, k]) if b > a)
         else:
             ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
-        return _Check(results, io_ok, ok, single, at + poff, payloads, dst, jobs)
+        return _Check(results, io_ok, ok, single, payload_at, payloads, dst, jobs)
 
     def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
                     check: _Check | None, lease: Lease | None) -> GetResult:
