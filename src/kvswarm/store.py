@@ -618,15 +618,10 @@ class KVStore:
             self.engine.poll(timeout)
             return self.engine.completions - before
         v, n = self._verifying, 0
-        while v and v[0].done:
-            v.popleft()
-            n += 1
-        if n or not v:
-            return n
         # The drives are idle: verify a queued batch on this thread rather than wait for the
         # worker.  A deep queue's last burst of reads then is verified on two cores, not one.
-        if not verify_assist() and not v[0].wait(timeout):
-            return 0
+        if v and not v[0].done and not verify_assist():
+            v[0].wait(timeout)
         while v and v[0].done:
             v.popleft()
             n += 1
