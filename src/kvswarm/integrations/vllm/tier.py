@@ -182,6 +182,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
         self._catalog = self.store.catalog.digests()  # live view: `in` is one C-level dict probe
+        self._chunk_extent_bytes = self.store.object_bytes(self.block_size_bytes)  # on a drive and in a lease
         self.durable = durable
         self.flush_interval = flush_interval
         self.follow = follow
@@ -267,7 +268,7 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _capacity_chunks(self) -> int:
         """Chunks the pool holds: whole objects per drive (extents of one size never fragment)."""
-        per_object = self.store.object_bytes(self.block_size_bytes)
+        per_object = self._chunk_extent_bytes
         if self.block_size_bytes <= self.store.config.stripe_unit - HEADER_SIZE:  # one extent per chunk
             return sum((d.capacity - d.data_start) // per_object for d in self.store.drives)
         return sum(d.capacity - d.data_start for d in self.store.drives) // per_object
@@ -363,7 +364,7 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
-        pool, per_key = self.store.pool, self.store.object_bytes(self.block_size_bytes)
+        pool, per_key = self.store.pool, self._chunk_extent_bytes
         while j.pos < len(j.keys):
             # A lease is one run of the pool: with batches of other sizes released out of order, its
             # free bytes may lie in runs each too short, and a batch sized by them failed its chunks.
