@@ -461,7 +461,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         success = len(ok_keys) == len(j.keys)
         result = JobResult(j.job.job_id, success, None if success or not j.load else tuple(ok_keys),
                            time.perf_counter() - j.t0, len(ok_keys) * self.block_size_bytes)
-        stored = [k for k in j.keys if self.keyspace.key(k) in j.written]
+        # Loads write nothing: no store keys to work out for them.
+        stored = [k for k in j.keys if self.keyspace.key(k) in j.written] if j.written else []
         self._report(result, stored)
 
     def _report(self, result: JobResult, stored: list[OffloadKey]) -> None:
