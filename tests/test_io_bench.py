@@ -59,7 +59,7 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
         for b, (batch, inflight) in size["store_shape"].items():
             assert size["store_samples"][b][0]["method"] == f"submit_get {batch} keys x {inflight} in flight"
             assert (batch, inflight) in candidates
-    for key in ("reopen_s_2k", "replay_s_2k", "reopen_cpu_s_2k"):
+    for key in ("reopen_s_2k", "replay_s_2k", "reopen_cpu_s_2k", "follow_refresh_s_2k", "follow_reload_s_2k"):
         assert s[key] > 0
     assert res["drives"]["emulation"] == "none"
     assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64

@@ -1,7 +1,8 @@
 """A store read by another process than its writer (``StoreConfig.follow``): the writer runs in a
 subprocess, the follower here.  The follower writes nothing, takes in new and deleted objects on
-``refresh()``, reloads after the writer's checkpoint, and a stale view of an extent the writer has
-since reused reads as a miss, never as the new object's bytes."""
+``refresh()``, follows the writer's checkpoints (reloading only when more than one went by), and a
+stale view of an extent the writer has since reused reads as a miss, never as the new object's
+bytes."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_follower_sees_the_writers_objects_and_writes_nothing(drives):
     w("flush")
     assert f.refresh() is True
     assert f.get(b"b0") == bytes([7]) * SIZE and f.get(b"a1") is None and len(f) == 4
-    w("checkpoint")  # a new journal epoch: the follower reloads
+    w("checkpoint")  # a new journal epoch: the follower finishes the old journal, then reads the new one
     w("put", "c0", 9)
     w("flush")
     assert f.refresh() is True
@@ -147,9 +148,9 @@ def test_follower_needs_an_existing_store(tmp_path):
 
 
 def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
-    """A reader thread keeps reading while the writer checkpoints again and again, each time making
-    the follower reload its whole catalog (a fresh, at first smaller, row table under the reader's
-    feet): every read is the right bytes or a miss, none fails."""
+    """A reader thread keeps reading while the writer checkpoints again and again, each time twice,
+    so that the follower, two epochs behind, reloads its whole catalog (a fresh, at first smaller,
+    row table under the reader's feet): every read is the right bytes or a miss, none fails."""
     w = Writer(drives, capacity=16 << 20)
     n = 3000  # rows beyond the 1024 an emptied table starts with
     w("many", n)
@@ -183,6 +184,7 @@ def test_reads_during_the_followers_reloads_are_hits_or_misses(drives):
         t.start()
         for _ in range(15):
             w("checkpoint")
+            w("checkpoint")
             assert f.refresh() is True
     finally:
         stop.set()
@@ -213,6 +215,78 @@ def test_follower_waits_out_an_append_in_progress(tmp_path):
     assert follower.refresh() is True and follower.get(b"b" * 16).extents == ((0, 8192, 4096, 2),)
     assert os.path.getsize(path) > 20  # the follower cut nothing off
     writer.close()
+
+
+def _put(cat: Catalog, name: bytes, offset: int) -> None:
+    cat.put(name.ljust(16, b"."), Entry(cat.new_generation(), 10, ((0, offset, 4096, offset),)))
+
+
+def _state(cat: Catalog) -> dict[bytes, Entry]:
+    return {d: cat.get(d) for d in list(cat.entries)}
+
+
+def _counting_loads(cat: Catalog) -> list[int]:
+    """Counts the follower's checkpoint loads (each one is a whole reload)."""
+    calls = [0]
+    load = cat._load_checkpoint
+
+    def counted(path: str) -> None:
+        calls[0] += 1
+        load(path)
+
+    cat._load_checkpoint = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_follower_goes_on_across_a_checkpoint_without_reloading(tmp_path):
+    """One checkpoint of the writer's between two refreshes: the follower applies the rest of the
+    journal the checkpoint replaced (kept open), then the new epoch's journal, and ends in the
+    writer's state without reading the checkpoint."""
+    writer = Catalog(str(tmp_path))
+    _put(writer, b"a", 4096)
+    _put(writer, b"b", 8192)
+    writer.sync()
+    follower = Catalog(str(tmp_path), follow=True)
+    loads = _counting_loads(follower)
+    _put(writer, b"c", 12288)
+    writer.delete(b"a".ljust(16, b"."))
+    writer.sync()  # journaled, not yet seen by the follower
+    _put(writer, b"d", 16384)  # pending: the checkpoint writes it to the old journal first
+    writer.checkpoint()
+    _put(writer, b"e", 20480)
+    writer.sync()
+    assert follower.refresh() is True
+    assert loads == [0] and follower.epoch == writer.epoch
+    assert _state(follower) == _state(writer) and len(follower) == 4
+    writer.checkpoint()  # nothing new since: the follower moves to the next epoch, nothing to apply
+    assert follower.refresh() is False and loads == [0] and follower.epoch == writer.epoch
+    _put(writer, b"f", 24576)
+    writer.sync()
+    assert follower.refresh() is True and _state(follower) == _state(writer) and loads == [0]
+    writer.close()
+    follower.close()
+
+
+def test_follower_reloads_when_it_cannot_follow_exactly(tmp_path):
+    """Two checkpoints since the last refresh (the journal between them is gone), or a journal whose
+    end the follower cannot read whole: the follower reloads, and ends in the writer's state."""
+    writer = Catalog(str(tmp_path))
+    _put(writer, b"a", 4096)
+    writer.sync()
+    follower = Catalog(str(tmp_path), follow=True)
+    loads = _counting_loads(follower)
+    _put(writer, b"b", 8192)
+    writer.checkpoint()
+    _put(writer, b"c", 12288)
+    writer.checkpoint()
+    assert follower.refresh() is True and loads == [1] and _state(follower) == _state(writer)
+    with open(os.path.join(str(tmp_path), JOURNAL), "ab") as f:
+        f.write(b"\x40" + bytes(30))  # not a whole record: replay of this journal stops here
+    _put(writer, b"d", 16384)
+    writer.checkpoint()  # "d" goes into the old journal after the bad bytes; the checkpoint has it
+    assert follower.refresh() is True and loads == [2] and _state(follower) == _state(writer)
+    writer.close()
+    follower.close()
 
 
 def test_a_second_writer_is_refused_while_the_first_is_open(drives):

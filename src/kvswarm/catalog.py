@@ -8,8 +8,9 @@ journal reset never replays stale records.  Torn journal tails fail their checks
 end the replay.  See docs/format.md.
 
 A catalog opened with ``follow=True`` belongs to a reader in another process: it writes
-nothing, and :meth:`Catalog.refresh` applies what the writer has journaled since (a new
-journal epoch, after the writer's checkpoint, reloads it whole).  Its view may lag the
+nothing, and :meth:`Catalog.refresh` applies what the writer has journaled since.  Across one
+checkpoint of the writer's it finishes the journal the checkpoint replaced (it keeps that file
+open) and goes on with the new one; further behind, it reloads whole.  Its view may lag the
 writer's; the store's per-extent header check (digest, generation, checksum) turns a read
 of an extent the writer has since reused into a miss.
 """
@@ -153,6 +154,9 @@ class Catalog:
         # not this epoch's journal, so the follower waits for the next journal file)
         self._journal_seen: tuple[int, int] | None = None
         self._applied: int | None = None
+        # follow: the journal being applied, kept open: after the writer's checkpoint has replaced
+        # it, its last records are still read from here, and its inode number cannot be reused
+        self._follow_fd = -1
         self._load()
         if not follow:
             self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
@@ -231,6 +235,7 @@ class Catalog:
         """Checkpoint, then the journal that continues it; False: a follower read a journal of
         another epoch (and then waits for the next journal file)."""
         self._journal_seen = self._applied = None
+        self._keep_journal(-1)
         with _no_gc():
             ck = self._path(CHECKPOINT)
             if os.path.exists(ck):
@@ -240,7 +245,9 @@ class Catalog:
                 with open(jp, "rb") as f:
                     ino = os.fstat(f.fileno()).st_ino
                     data = f.read()
+                    kept = os.dup(f.fileno()) if self.follow else -1
                 self._journal_seen = (ino, len(data))
+                self._keep_journal(kept)
                 if len(data) >= _JHDR.size and _JHDR.unpack_from(data)[0] == _J_MAGIC \
                         and _JHDR.unpack_from(data)[1] == self.epoch:
                     end = self._replay(data, _JHDR.size)
@@ -258,8 +265,10 @@ class Catalog:
 
     def refresh(self) -> bool:
         """A following catalog: apply the records the writer has journaled since the last call;
-        True if there were any.  One ``stat`` when the journal has not changed; a journal of
-        another epoch (the writer checkpointed) reloads the whole catalog."""
+        True if there were any.  One ``stat`` when the journal has not changed.  After one
+        checkpoint of the writer's, the journal it replaced is finished and the new epoch's
+        followed (:meth:`_next_epoch`); anything else (more checkpoints since, a journal cut
+        short by a writer's restart) reloads the whole catalog."""
         if not self.follow:
             raise KVSwarmError("refresh() is for a catalog opened with follow=True")
         jp = self._path(JOURNAL)
@@ -272,30 +281,50 @@ class Catalog:
             if (st.st_ino, st.st_size) == seen:
                 return False
             self._journal_seen = (st.st_ino, st.st_size)
-            if seen is not None and st.st_ino == seen[0] and applied is not None and st.st_size > applied:
-                data = self._journal_tail(jp, st.st_ino, applied, st.st_size)
-                if data is not None:
-                    before = self.replayed
-                    self._applied = applied + self._replay(data, 0)
+            before = self.replayed
+            if seen is not None and applied is not None and self._follow_fd >= 0:
+                if st.st_ino == seen[0] and st.st_size > applied:  # the same file, grown
+                    self._applied = applied + self._replay(os.pread(self._follow_fd, st.st_size - applied, applied), 0)
+                    return self.replayed > before
+                if st.st_ino != seen[0] and self._next_epoch(jp):
                     return self.replayed > before
             self._clear()
             self._load()
             return True
 
-    def _journal_tail(self, path: str, ino: int, start: int, end: int) -> bytes | None:
-        """Bytes [start, end) of the journal this follower applies; None when the file is another
-        one now (the writer replaced it: a new inode, or a reused one with another epoch)."""
+    def _next_epoch(self, path: str) -> bool:
+        """The writer has checkpointed: apply the rest of the journal the checkpoint replaced (the
+        writer wrote all of it before checkpointing), then follow the new journal if it continues
+        that checkpoint.  The state is then the checkpoint's, without reading it (a reload of a
+        1M-object catalog took a vLLM follower's driver thread 0.54-0.59 s, at every checkpoint).
+        False where that would not be exact (a torn record at the old journal's end, a journal of
+        a later epoch): the caller reloads."""
+        old = self._follow_fd
+        end = os.fstat(old).st_size
+        if end > self._applied:
+            rest = os.pread(old, end - self._applied, self._applied)
+            if self._replay(rest, 0) != len(rest):
+                return False
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return None
-        try:
-            head = os.pread(fd, _JHDR.size, 0)
-            if os.fstat(fd).st_ino != ino or len(head) < _JHDR.size or _JHDR.unpack(head) != (_J_MAGIC, self.epoch):
-                return None
-            return os.pread(fd, end - start, start)
-        finally:
+            return False
+        st = os.fstat(fd)
+        data = os.pread(fd, st.st_size, 0)
+        if len(data) < _JHDR.size or _JHDR.unpack_from(data) != (_J_MAGIC, self.epoch + 1):
             os.close(fd)
+            return False
+        self._keep_journal(fd)
+        self.epoch += 1
+        self._journal_seen = (st.st_ino, len(data))
+        self._applied = self._replay(data, _JHDR.size)
+        return True
+
+    def _keep_journal(self, fd: int) -> None:
+        """Hold ``fd`` (-1: none) as the journal this follower applies, closing the one held before."""
+        if self._follow_fd >= 0:
+            os.close(self._follow_fd)
+        self._follow_fd = fd
 
     def _load_checkpoint(self, path: str) -> None:
         with open(path, "rb") as f:
@@ -606,3 +635,4 @@ class Catalog:
             self.sync()
             os.close(self._jfd)
             self._jfd = -1
+        self._keep_journal(-1)

@@ -500,6 +500,7 @@ def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, n
     ``via='store'``: the objects are real, written through ``submit_put`` + ``flush``.
     ``via='catalog'``: the store's catalog is filled directly with one-extent entries
     (drives preallocated, no data written); the reopen path timed is the same.
+    ``follow_refresh_s`` / ``follow_reload_s``: :func:`follow_bench`.
     """
     out: dict[str, float] = {}
     rng = random.Random(1)
@@ -548,8 +549,50 @@ def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, n
             if len(cat) != count:
                 raise RuntimeError(f"journal replay recovered {len(cat)} objects, not {count}")
             cat.close()
+            out |= {f"{k}_{name}": v for k, v in follow_bench(os.path.join(tmp, "follow"), count, ndirs).items()}
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def follow_bench(meta: str, count: int, ndirs: int, changes: int = 1000) -> dict[str, float]:
+    """A follower (a decode instance reading a prefill instance's store) refreshing across one of
+    its writer's checkpoints, on a catalog of ``count`` one-extent entries (catalog only, no data).
+
+    The writer changes ``changes`` entries, checkpoints, and changes as many again.
+    ``follow_refresh_s``: the follower's next ``refresh()``, which finishes the replaced journal and
+    follows the new one.  ``follow_reload_s``: what every checkpoint cost a follower before, and
+    still costs one that fell two checkpoints behind: the whole catalog loaded again (a follower
+    opened afresh, checkpoint and journal).
+    """
+    def entries(first: int, n: int, gen: int) -> list[tuple[bytes, Entry]]:
+        return [(key_digest(b"follow/%d" % i), Entry(gen + i - first, 4096 - HEADER_SIZE,
+                                                     ((i % ndirs, 4096 * (1 + i // ndirs), 4096, i),)))
+                for i in range(first, first + n)]
+
+    writer = Catalog(meta, checkpoint_every=10**9)
+    try:
+        writer.put_many(entries(0, count, writer.new_generations(count)))
+        writer.sync()
+        follower = Catalog(meta, follow=True)
+        # Re-puts (new generations of objects the follower holds) on both sides of the checkpoint.
+        writer.put_many(entries(0, changes, writer.new_generations(changes)))
+        writer.checkpoint()
+        writer.put_many(entries(0, changes, writer.new_generations(changes)))
+        writer.sync()
+        t0 = time.perf_counter()
+        follower.refresh()
+        out = {"follow_refresh_s": time.perf_counter() - t0}
+        t0 = time.perf_counter()
+        fresh = Catalog(meta, follow=True)
+        out["follow_reload_s"] = time.perf_counter() - t0
+        for c in (follower, fresh):
+            if len(c) != count or c.epoch != writer.epoch or c.get(key_digest(b"follow/0")) != writer.get(
+                    key_digest(b"follow/0")):
+                raise RuntimeError("a follower does not hold its writer's catalog after the checkpoint")
+            c.close()
+    finally:
+        writer.close()
     return out
 
 
@@ -595,11 +638,14 @@ def print_tables(results: dict, console) -> None:
     counts = sorted({k.rsplit("_", 1)[1] for k in s if k.startswith("reopen_s_")}, key=parse_count)
     if counts:
         t = Table(title="catalog reopen")
-        for col in ("objects", "build s", "reopen s (CPU s)", "journal replay s (CPU s)"):
+        for col in ("objects", "build s", "reopen s (CPU s)", "journal replay s (CPU s)",
+                    "follower across a checkpoint: refresh / reload s"):
             t.add_column(col, justify="right")
         for c in counts:
+            fr, fl = s[f"follow_refresh_s_{c}"], s[f"follow_reload_s_{c}"]
             t.add_row(c, f"{s[f'reopen_build_s_{c}']:.1f}", f"{s[f'reopen_s_{c}']:.2f} ({s[f'reopen_cpu_s_{c}']:.2f})",
-                      f"{s[f'replay_s_{c}']:.2f} ({s[f'replay_cpu_s_{c}']:.2f})")
+                      f"{s[f'replay_s_{c}']:.2f} ({s[f'replay_cpu_s_{c}']:.2f})",
+                      f"{fr * 1e3:.1f} ms / {fl * 1e3:.0f} ms (x{fl / fr:.0f})")
         console.print(t)
         console.print(f"reopen objects: {results.get('reopen_via')}")
     cc = results["drives"].get("cap_check")
