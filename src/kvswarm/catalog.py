@@ -296,7 +296,7 @@ class Catalog:
         """The writer has checkpointed: apply the rest of the journal the checkpoint replaced (the
         writer wrote all of it before checkpointing), then follow the new journal if it continues
         that checkpoint.  The state is then the checkpoint's, without reading it (a reload of a
-        1M-object catalog took a vLLM follower's driver thread 0.54-0.59 s, at every checkpoint).
+        1M-object catalog took a vLLM follower's driver thread 0.54-0.68 s, at every checkpoint).
         False where that would not be exact (a torn record at the old journal's end, a journal of
         a later epoch): the caller reloads."""
         old = self._follow_fd
