@@ -18,7 +18,8 @@ def test_bench_vllm_runs_and_reports(tmp_path):
                 "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs",
                 "engine_load_none_restore_speedup_vs_fs", "engine_load_1of1_kvswarm_restore_gbps",
                 "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs",
-                "restart_lookup_fresh_process_speedup_vs_fs"):
+                "restart_lookup_fresh_process_speedup_vs_fs", "raw_one_request_burst_ms_64k",
+                "kvswarm_single_request_speed_vs_raw_burst_64k", "fs_single_request_speed_vs_raw_burst_64k"):
         assert s[key] > 0, key
     assert set(r["one_drive"][0]["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128

@@ -10,7 +10,8 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
    file and random order; the method that tuned best, sampled before and after the tiers'
    restores in every round).  Next to it, the same reads each followed by a copy of the block
    into its primary-tier chunk ("raw + delivery"): the least any tier must do, since loads land
-   in vLLM's primary region.
+   in vLLM's primary region.  One request's load (nothing else in flight) is set beside the same
+   request's reads issued raw as one io_uring burst.
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
    counted from /proc/diskstats; in this process, and in fresh ones.
@@ -180,16 +181,20 @@ class Bench:
             assert hash(bytes(self.primary.chunk(i)[:4096])) == self.digest[i], f"block {i} differs"
         return dt, cpu
 
+    def extents(self, tier) -> list[tuple[int, int]]:
+        """Each block's one extent in kvswarm's tier, as (drive, offset)."""
+        from kvswarm.format import key_digest
+
+        entries = tier.store.catalog.entries
+        return [entries[key_digest(tier.keyspace.key(k))].extents[0][:2] for k in self.keys]
+
     def deliverer(self, tier) -> Callable[[tuple[int, int], memoryview], None]:
         """For the raw + delivery reference: copies the block in a buffer read from kvswarm's extent
         (drive, offset) into that block's chunk of the primary region, as a load must."""
-        from kvswarm.format import key_digest, payload_offset
+        from kvswarm.format import payload_offset
 
-        entries, poff = tier.store.catalog.entries, payload_offset(self.bs)
-        chunk = {}
-        for i, k in enumerate(self.keys):
-            (drive, offset, _, _), = entries[key_digest(tier.keyspace.key(k))].extents
-            chunk[drive, offset] = i
+        poff = payload_offset(self.bs)
+        chunk = {io: i for i, io in enumerate(self.extents(tier))}
 
         def deliver(io: tuple[int, int], buf: memoryview) -> None:
             # A view per call: one held between calls would keep the primary region from closing.
@@ -197,12 +202,15 @@ class Bench:
 
         return deliver
 
-    def single_request(self, run, reps: int = 5) -> float:
-        """Median seconds of one request's load with nothing else in flight."""
+    def sample_requests(self, reps: int = 5) -> list[list[int]]:
+        """The requests one-request loads are timed on (spread over the blocks)."""
         reqs = self.requests()
+        return [reqs[(k * 7) % len(reqs)] for k in range(reps)]
+
+    def single_request(self, run) -> float:
+        """Median seconds of one request's load with nothing else in flight."""
         times = []
-        for k in range(reps):
-            r = reqs[(k * 7) % len(reqs)]
+        for r in self.sample_requests():
             t0 = time.perf_counter()
             assert run.run([self.keys[i] for i in r], r, load=True).success
             times.append(time.perf_counter() - t0)
@@ -267,6 +275,8 @@ def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling 
             ceiling.measure()
         for c in order:
             c.measure_single()
+        if ceiling is not None:
+            ceiling.measure_burst()
 
 
 def results(cases: dict[str, TierCase]) -> dict:
@@ -289,11 +299,15 @@ class RawCeiling:
     With ``deliver`` (see :meth:`Bench.deliverer`) it also samples raw + delivery once per round:
     the tuned number of threads (the best threaded setting if io_uring tuned best), each copying
     the block it read into its primary-tier chunk before its next read.
+
+    With ``requests`` (each a request's extents) it times, once per round, each request's reads
+    issued as one io_uring burst (all in flight at once), the raw side of one request's load.
     """
 
     THREADS, DEPTHS = (8, 16, 32), (16, 32, 64, 128)
 
-    def __init__(self, store, deliver: Callable[[tuple[int, int], memoryview], None] | None = None) -> None:
+    def __init__(self, store, deliver: Callable[[tuple[int, int], memoryview], None] | None = None,
+                 requests: Sequence[Sequence[tuple[int, int]]] = ()) -> None:
         exts = sorted(x[:3] for e in store.catalog.entries.values() for x in e.extents)
         sizes = {x[2] for x in exts}
         assert len(sizes) == 1, "one extent size per tier"
@@ -306,6 +320,8 @@ class RawCeiling:
         self.samples: list[float] = []
         self.deliver = deliver
         self.delivered: list[float] = []
+        self.requests = requests
+        self.bursts: list[float] = []  # per round, the median seconds of one request's burst
 
     def _sample(self, order: str, kind: str, n: int) -> float:
         from kvswarm.bench.raw import run_threads, run_uring
@@ -346,6 +362,15 @@ class RawCeiling:
         if self.deliver is not None:
             self.delivered.append(self._sample(self.method[0], "delivered", self._delivery_threads()))
 
+    def measure_burst(self) -> None:
+        from kvswarm.bench.raw import run_uring
+        from kvswarm.io.base import Op
+
+        if self.requests:
+            drop_caches()
+            self.bursts.append(float(np.median([run_uring(self.fds, ios, self.size, Op.READ, len(ios), 10.0).seconds
+                                                for ios in self.requests])))
+
     def rounds(self) -> list[float]:
         """Each round's ceiling: the mean of its two samples."""
         return [(a + b) / 2 for a, b in zip(self.samples[::2], self.samples[1::2])]
@@ -355,6 +380,9 @@ class RawCeiling:
                "round_gbps": self.rounds(), "tuning": self.tuning, "extent_bytes": self.size,
                "note": "method tuned first (best of two passes), then sampled before and after the tiers' "
                        "restores in each round; reads kvswarm's own extents"}
+        if self.bursts:
+            out["one_request_burst_ms"] = float(np.median(self.bursts)) * 1e3
+            out["one_request_burst_ms_rounds"] = [b * 1e3 for b in self.bursts]
         if self.delivered:
             out["delivered"] = {"gbps": float(np.median(self.delivered)), "round_gbps": self.delivered,
                                 "method": f"threads_{self._delivery_threads()}_{self.method[0]}",
@@ -373,7 +401,9 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
                  "kvswarm": TierCase(bench, kv_config([kv_dir], backend,
                                                       bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
         kv_tier = cases["kvswarm"].run.tier
-        raw = RawCeiling(kv_tier.store, bench.deliverer(kv_tier))
+        ext = bench.extents(kv_tier)
+        raw = RawCeiling(kv_tier.store, bench.deliverer(kv_tier),
+                         [[ext[i] for i in r] for r in bench.sample_requests()])
         raw.tune()
         measure_rounds(cases, rounds, raw)
         if loads:
@@ -391,6 +421,7 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
             out[t][f"restore_ratio_vs_{name}_rounds"] = per_round
             out[t][f"restore_ratio_vs_{name}"] = float(np.median(per_round))
         out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg
+        out[t]["single_request_speed_vs_raw_burst"] = out["raw"]["one_request_burst_ms"] / out[t]["single_request_ms"]
     console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}), raw + delivery {delivered['gbps']:.2f}; restore "
                   f"fs {out['fs']['restore_gbps']:.2f}, kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s "
                   f"(medians of {rounds} rounds)")
@@ -594,6 +625,8 @@ def summarize(r: dict) -> dict:
             s[f"{t}_restore_ratio_vs_raw_{k}"] = row[t]["restore_ratio_vs_raw"]
             s[f"{t}_restore_ratio_vs_raw_delivered_{k}"] = row[t]["restore_ratio_vs_raw_delivered"]
             s[f"{t}_single_request_ratio_vs_raw_{k}"] = row[t]["single_request_ratio_vs_raw"]
+            s[f"{t}_single_request_speed_vs_raw_burst_{k}"] = row[t]["single_request_speed_vs_raw_burst"]
+        s[f"raw_one_request_burst_ms_{k}"] = row["raw"]["one_request_burst_ms"]
         s[f"restore_ratio_vs_raw_{k}"] = row["kvswarm"]["restore_ratio_vs_raw"]
         s[f"restore_ratio_vs_raw_delivered_{k}"] = row["kvswarm"]["restore_ratio_vs_raw_delivered"]
         s[f"restore_speedup_vs_fs_1drive_{k}"] = row["kvswarm"]["restore_gbps"] / row["fs"]["restore_gbps"]
@@ -647,6 +680,11 @@ def report(r: dict, console) -> None:
                   f"{k['restore_gbps']:.3f}", "", "", "", f"x{e['restore_speedup']:.2f}", "", "",
                   f"{f['store_gbps']:.3f} / {k['store_gbps']:.3f}")
     console.print(t)
+    for row in r["one_drive"]:
+        console.print(f"one request ({REQUEST_BLOCKS} blocks of {row['block_kib']} KiB, nothing else in flight): raw "
+                      f"io_uring burst of its reads {row['raw']['one_request_burst_ms']:.1f} ms, fs "
+                      f"{row['fs']['single_request_ms']:.1f} ms, kvswarm {row['kvswarm']['single_request_ms']:.1f} ms "
+                      f"(medians)")
     rs = r["restart"]
     if rs:
         console.print(f"restart, {rs['blocks']} blocks: fs {rs['fs']['seconds'] * 1e3:.0f} ms "
