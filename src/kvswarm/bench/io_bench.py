@@ -527,10 +527,7 @@ def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, n
                 else:
                     store.close()
                     cat = Catalog(meta, checkpoint_every=10**9)
-                    g0 = cat.new_generations(count)
-                    cat.put_many([(key_digest(b"reopen/%d" % i),
-                                   Entry(g0 + i, 4096 - HEADER_SIZE, ((i % ndirs, 4096 * (1 + i // ndirs), 4096, i),)))
-                                  for i in range(count)])
+                    _put_entries(cat, b"reopen", count, ndirs)
                     cat.sync()
                     _crash_copy(meta, side)
                     cat.close()  # checkpoints
@@ -555,6 +552,15 @@ def reopen_bench(counts: Sequence[int], via: str, parent: str | None, console, n
     return out
 
 
+def _put_entries(cat: Catalog, name: bytes, n: int, ndirs: int) -> None:
+    """Catalog entries for ``name/0`` .. ``name/<n-1>``, one 4 KiB extent each, spread over ``ndirs``
+    drives (no data behind them), each with a fresh generation."""
+    g0 = cat.new_generations(n)
+    cat.put_many([(key_digest(b"%s/%d" % (name, i)),
+                   Entry(g0 + i, 4096 - HEADER_SIZE, ((i % ndirs, 4096 * (1 + i // ndirs), 4096, i),)))
+                  for i in range(n)])
+
+
 def follow_bench(meta: str, count: int, ndirs: int, changes: int = 1000) -> dict[str, float]:
     """A follower (a decode instance reading a prefill instance's store) refreshing across one of
     its writer's checkpoints, on a catalog of ``count`` one-extent entries (catalog only, no data).
@@ -565,20 +571,15 @@ def follow_bench(meta: str, count: int, ndirs: int, changes: int = 1000) -> dict
     still costs one that fell two checkpoints behind: the whole catalog loaded again (a follower
     opened afresh, checkpoint and journal).
     """
-    def entries(first: int, n: int, gen: int) -> list[tuple[bytes, Entry]]:
-        return [(key_digest(b"follow/%d" % i), Entry(gen + i - first, 4096 - HEADER_SIZE,
-                                                     ((i % ndirs, 4096 * (1 + i // ndirs), 4096, i),)))
-                for i in range(first, first + n)]
-
     writer = Catalog(meta, checkpoint_every=10**9)
     try:
-        writer.put_many(entries(0, count, writer.new_generations(count)))
+        _put_entries(writer, b"follow", count, ndirs)
         writer.sync()
         follower = Catalog(meta, follow=True)
         # Re-puts (new generations of objects the follower holds) on both sides of the checkpoint.
-        writer.put_many(entries(0, changes, writer.new_generations(changes)))
+        _put_entries(writer, b"follow", changes, ndirs)
         writer.checkpoint()
-        writer.put_many(entries(0, changes, writer.new_generations(changes)))
+        _put_entries(writer, b"follow", changes, ndirs)
         writer.sync()
         t0 = time.perf_counter()
         follower.refresh()
