@@ -54,6 +54,28 @@ def test_runs_of_a_base_buffer_receive_the_payload_scattered_in_order():
     assert base[3 * L * 2:] == b"\x5a" * 3 * L  # a bad payload is scattered nowhere
 
 
+def test_large_runs_at_any_alignment_are_copied_exactly():
+    """Runs of 64 KiB and more are copied with streaming stores (16-byte aligned, 64 bytes a step):
+    heads and tails around them, at odd offsets and lengths, must land byte for byte, and nothing
+    next to a run may be touched."""
+    n = 300_001  # odd: no run length is a multiple of 16
+    src = np.random.default_rng(3).integers(0, 256, n + 4096, np.uint8)
+    offs, lens = np.array([4096], np.int64), np.array([n], np.int64)
+    sums = np.array([xxhash.xxh3_64_intdigest(src[4096:4096 + n])], np.uint64)
+    base = np.full(3 * n, 0x5A, np.uint8)
+    run_offs = np.array([7, 70_000, 400_003], np.int64)
+    run_lens = np.array([65_537, 100, n - 65_637], np.int64)  # a streamed run, a short one, a streamed one
+    ok = np.ones(1, np.uint8)
+    assert submit(src, offs, lens, sums, ok, [(base, run_offs, run_lens)]).wait()
+    assert ok[0] == 1
+    got = np.concatenate([base[a:a + m] for a, m in zip(run_offs, run_lens)])
+    assert np.array_equal(got, src[4096:4096 + n])
+    outside = np.ones(len(base), bool)
+    for a, m in zip(run_offs, run_lens):
+        outside[a:a + m] = False
+    assert (base[outside] == 0x5A).all()
+
+
 @pytest.mark.parametrize("case", ["short", "long", "outside", "negative", "int32", "sizes_differ", "two_items"])
 def test_runs_that_do_not_fit_raise(case):
     src, offs, lens, sums = _batch(n=2)
