@@ -54,6 +54,19 @@ def test_runs_of_a_base_buffer_receive_the_payload_scattered_in_order():
     assert base[3 * L * 2:] == b"\x5a" * 3 * L  # a bad payload is scattered nowhere
 
 
+@pytest.mark.parametrize("n", [0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 65_536, 1_000_003])
+def test_checksums_agree_with_xxhash_at_every_length(n):
+    """The worker picks an AVX2 hash loop where the CPU has one: it must give XXH3-64 exactly, for
+    inputs of every size class (short, mid-size and long ones take different paths)."""
+    src = np.random.default_rng(n).integers(0, 256, n + 7, np.uint8)
+    offs, lens = np.array([7], np.int64), np.array([n], np.int64)
+    good = np.array([xxhash.xxh3_64_intdigest(src[7:])], np.uint64)
+    ok = np.ones(1, np.uint8)
+    assert submit(src, offs, lens, good, ok, None).wait() and ok[0] == 1
+    ok[0] = 1
+    assert submit(src, offs, lens, good ^ np.uint64(1 << 40), ok, None).wait() and ok[0] == 0
+
+
 def test_large_runs_at_any_alignment_are_copied_exactly():
     """Runs of 64 KiB and more are copied with streaming stores (16-byte aligned, 64 bytes a step):
     heads and tails around them, at odd offsets and lengths, must land byte for byte, and nothing

@@ -25,7 +25,39 @@
 #endif
 
 #define XXH_INLINE_ALL
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+/* xxHash's own hooks for an AVX2 variant beside the baseline one, chosen at run time (hash_payload):
+ * from memory it hashes ~16 GB/s vs ~12.5 with SSE2, and the build stays portable. */
+#define XXH_DISPATCH_AVX2 1
+#define XXH_TARGET_AVX2 __attribute__((target("avx2")))
+#define HAVE_AVX2_VARIANT 1
+#include <immintrin.h>
+#endif
 #include "xxhash.h"
+
+#ifdef HAVE_AVX2_VARIANT
+static XXH_TARGET_AVX2 XXH64_hash_t hash_long_avx2(const void *in, size_t len, XXH64_hash_t seed,
+                                                   const xxh_u8 *secret, size_t secret_len) {
+    (void)seed;
+    return XXH3_hashLong_64b_internal(in, len, secret, secret_len, XXH3_accumulate_avx2, XXH3_scrambleAcc_avx2);
+}
+
+static int use_avx2 = -1; /* decided on the first hash */
+#endif
+
+/* XXH3_64bits (seed 0, default secret), with the AVX2 loop where the CPU has it. */
+static XXH64_hash_t hash_payload(const void *p, size_t len) {
+#ifdef HAVE_AVX2_VARIANT
+    int avx2 = __atomic_load_n(&use_avx2, __ATOMIC_RELAXED);
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+        __atomic_store_n(&use_avx2, avx2, __ATOMIC_RELAXED);
+    }
+    if (avx2) return XXH3_64bits_internal(p, len, 0, XXH3_kSecret, sizeof(XXH3_kSecret), hash_long_avx2);
+#endif
+    return XXH3_64bits(p, len);
+}
 
 typedef struct { int64_t off, len; } Run; /* bytes [off, off + len) of a payload's destination buffer */
 
@@ -84,7 +116,7 @@ static void run(Job *j) {
     for (Py_ssize_t i = 0; i < j->n; i++) {
         if (!good[i]) continue;
         const char *p = base + o[i];
-        if (XXH3_64bits(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
+        if (hash_payload(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
         if (j->first == NULL) continue;
         char *d = j->dst[i].buf;
         for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
