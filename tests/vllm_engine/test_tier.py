@@ -178,9 +178,9 @@ def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
     tier.shutdown()
 
 
-def test_default_depth_is_about_32_mib_of_chunks_per_drive(drives, primary):
-    """Large chunks run shallow (a deep queue of 2 MiB reads came back in bursts), small ones deep."""
-    assert auto_queue_depth(2 << 20) == 15 and auto_queue_depth(256 << 10) == 126
+def test_default_depth_is_about_96_mib_of_chunks_per_drive(drives, primary):
+    """Large chunks run shallower than small ones (a deep queue of 2 MiB reads comes back in bursts)."""
+    assert auto_queue_depth(2 << 20) == 47 and auto_queue_depth(256 << 10) == 128
     assert auto_queue_depth(64 << 20) == 8 and auto_queue_depth(4096) == 128
     tier = open_tier(drives, primary)
     assert tier.store.engine.queue_depth == auto_queue_depth(LAYOUT.block_bytes) == 128

@@ -88,12 +88,15 @@ def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = N
                     tokens_per_block=tokens, model_id=ident)
 
 
-def auto_queue_depth(chunk_bytes: int, inflight_bytes: int = 32 << 20) -> int:
-    """Reads in flight per drive: about 32 MiB of chunks, 8 to 128 of them.
+def auto_queue_depth(chunk_bytes: int, inflight_bytes: int = 96 << 20) -> int:
+    """Reads in flight per drive: about 96 MiB of chunks, 8 to 128 of them.
 
-    This disk completes a deep queue of large reads in bursts, so with 2 MiB chunks 128 deep
-    a restore's verification all landed after its last read (restores 1.66 vs 2.08 GB/s at
-    16 deep); small chunks need the depth to keep the drive busy.
+    Small chunks need the depth to keep the drive busy.  Large ones were once kept shallow: this
+    disk completes a deep queue of large reads in bursts, and with 2 MiB chunks 128 deep a
+    restore's verification all landed after its last read (1.66 vs 2.08 GB/s at 16 deep).  Since
+    verification got cheaper (session 12: streaming-store copies, AVX2 hashing), 2 MiB restores ran
+    46 deep at 0.96-0.98 of raw vs 0.91-0.96 at 15 deep, and 32 deep in between (three probes of
+    20-24 paired rounds, docs/testbed.md).
     """
     return max(8, min(128, inflight_bytes // extent_size(chunk_bytes)))
 
