@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_two_passes
+from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
@@ -279,7 +279,7 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
     """Pick the raw baseline's best thread count and io_uring depth for this size, over two passes
     (a noisy sample could pick a shallow depth the disk was merely slow for, and understate the ceiling)."""
     def best(settings: Sequence[int], sample) -> int:
-        got = tune_two_passes(settings, sample)
+        got = tune_passes(settings, sample)
         return max(got, key=got.get)
 
     run.best_threads = best((4, 8, 16, 32), lambda t: run_threads(
@@ -303,7 +303,7 @@ def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random
     # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
     # sample (the raw loops fault their buffers in before their timers start).
     store_read(store, _shuffled(run.keys, rng), payload, *shapes[-1], seconds)
-    got = tune_two_passes(shapes, lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
+    got = tune_passes(shapes, lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
     return max(got, key=got.get)
 
 

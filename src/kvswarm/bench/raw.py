@@ -14,6 +14,7 @@ import heapq
 import itertools
 import os
 import resource
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,14 +56,16 @@ def cpu_time() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def tune_two_passes(settings: Sequence[T], sample: Callable[[T], float]) -> dict[T, float]:
-    """Each setting's better sample of two passes, the second in reverse order: one noisy sample
-    could pick a setting the disk was merely slow for, and drift favours neither end."""
-    got = dict.fromkeys(settings, 0.0)
-    for order in (settings, settings[::-1]):
-        for s in order:
-            got[s] = max(got[s], sample(s))
-    return got
+def tune_passes(settings: Sequence[T], sample: Callable[[T], float], passes: int = 2) -> dict[T, float]:
+    """Each setting sampled ``passes`` times, every other pass in reverse order (drift favours neither
+    end).  The point is that one odd sample does not decide: of two passes the better is kept (one
+    noisy sample could reject a setting the disk was merely slow for); of three or more the median
+    (nor can one lucky sample pick a setting that then runs slower when it is measured again)."""
+    got: dict[T, list[float]] = {s: [] for s in settings}
+    for p in range(passes):
+        for s in settings if p % 2 == 0 else settings[::-1]:
+            got[s].append(sample(s))
+    return {s: max(v) if passes <= 2 else statistics.median(v) for s, v in got.items()}
 
 
 def _buffers(nbytes: int, fill: bytes = b"") -> BufferPool:

@@ -289,8 +289,8 @@ class RawCeiling:
     """The raw O_DIRECT ceiling over the same data: kvswarm's own extents in its data file, read
     with no store in the way, as ``kvswarm bench io`` does.
 
-    Tuned first (threads 8-32, io_uring depth 16-128, in file order and in random order, two
-    passes each, the best sample kept); the best method is then sampled twice per round, before
+    Tuned first (threads 8-32, io_uring depth 16-128, in file order and in random order, three
+    passes each, the median kept); the best method is then sampled twice per round, before
     and after the tiers' restores, and a round's ceiling is the mean of the two.  Each tier's ratio
     is the median of its per-round ratios.  The method is chosen on the tuning samples, not on the
     measured ones: the best of several methods' medians would be biased upwards by the noise it
@@ -341,11 +341,11 @@ class RawCeiling:
         return f"{kind}_{n}_{order}"
 
     def tune(self) -> None:
-        from kvswarm.bench.raw import tune_two_passes
+        from kvswarm.bench.raw import tune_passes
 
         configs = [(order, kind, n) for order in self.orders
                    for kind, ns in (("threads", self.THREADS), ("uring", self.DEPTHS)) for n in ns]
-        got = tune_two_passes(configs, lambda c: self._sample(*c))
+        got = tune_passes(configs, lambda c: self._sample(*c), passes=3)
         self.tuning = {self._name(c): g for c, g in got.items()}
         self.method = max(got, key=got.get)
 
@@ -378,7 +378,7 @@ class RawCeiling:
     def result(self) -> dict:
         out = {"gbps": float(np.median(self.rounds())), "method": self._name(self.method), "samples": self.samples,
                "round_gbps": self.rounds(), "tuning": self.tuning, "extent_bytes": self.size,
-               "note": "method tuned first (best of two passes), then sampled before and after the tiers' "
+               "note": "method tuned first (median of three passes), then sampled before and after the tiers' "
                        "restores in each round; reads kvswarm's own extents"}
         if self.bursts:
             out["one_request_burst_ms"] = float(np.median(self.bursts)) * 1e3
