@@ -42,19 +42,13 @@ static XXH_TARGET_AVX2 XXH64_hash_t hash_long_avx2(const void *in, size_t len, X
     return XXH3_hashLong_64b_internal(in, len, secret, secret_len, XXH3_accumulate_avx2, XXH3_scrambleAcc_avx2);
 }
 
-static int use_avx2 = -1; /* decided on the first hash */
+static int use_avx2; /* set once, when the module is loaded */
 #endif
 
 /* XXH3_64bits (seed 0, default secret), with the AVX2 loop where the CPU has it. */
 static XXH64_hash_t hash_payload(const void *p, size_t len) {
 #ifdef HAVE_AVX2_VARIANT
-    int avx2 = __atomic_load_n(&use_avx2, __ATOMIC_RELAXED);
-    if (avx2 < 0) {
-        __builtin_cpu_init();
-        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-        __atomic_store_n(&use_avx2, avx2, __ATOMIC_RELAXED);
-    }
-    if (avx2) return XXH3_64bits_internal(p, len, 0, XXH3_kSecret, sizeof(XXH3_kSecret), hash_long_avx2);
+    if (use_avx2) return XXH3_64bits_internal(p, len, 0, XXH3_kSecret, sizeof(XXH3_kSecret), hash_long_avx2);
 #endif
     return XXH3_64bits(p, len);
 }
@@ -459,6 +453,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__verify(void) {
+#ifdef HAVE_AVX2_VARIANT
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
     if (PyType_Ready(&JobType) < 0) return NULL;
     static int atfork = 0;
     if (!atfork && pthread_atfork(NULL, NULL, after_fork_child) == 0) atfork = 1;
