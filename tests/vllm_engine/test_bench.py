@@ -36,7 +36,7 @@ def test_raw_delivery_reference_lands_every_block_in_its_chunk(tmp_path):
     try:
         (tmp_path / "kv").mkdir()
         case = TierCase(bench, kv_config([str(tmp_path / "kv")], "uring", 64 << 20))
-        raw = RawCeiling(case.run.tier.store, bench.deliverer(case.run.tier))
+        raw = RawCeiling(case.run.tier.store, bench.deliverer(bench.extents(case.run.tier)))
         raw.method = ("random", "threads", 4)
         bench.primary.mm[:] = bytes(len(bench.primary.mm))
         raw.measure_delivered()

@@ -188,13 +188,14 @@ class Bench:
         entries = tier.store.catalog.entries
         return [entries[key_digest(tier.keyspace.key(k))].extents[0][:2] for k in self.keys]
 
-    def deliverer(self, tier) -> Callable[[tuple[int, int], memoryview], None]:
+    def deliverer(self, extents: list[tuple[int, int]]) -> Callable[[tuple[int, int], memoryview], None]:
         """For the raw + delivery reference: copies the block in a buffer read from kvswarm's extent
-        (drive, offset) into that block's chunk of the primary region, as a load must."""
+        (drive, offset) into that block's chunk of the primary region, as a load must.  ``extents``:
+        :meth:`extents` of the tier."""
         from kvswarm.format import payload_offset
 
         poff = payload_offset(self.bs)
-        chunk = {io: i for i, io in enumerate(self.extents(tier))}
+        chunk = {io: i for i, io in enumerate(extents)}
 
         def deliver(io: tuple[int, int], buf: memoryview) -> None:
             # A view per call: one held between calls would keep the primary region from closing.
@@ -402,7 +403,7 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
                                                       bench.nblocks * (size + 64 * KiB) + 64 * MiB))}
         kv_tier = cases["kvswarm"].run.tier
         ext = bench.extents(kv_tier)
-        raw = RawCeiling(kv_tier.store, bench.deliverer(kv_tier),
+        raw = RawCeiling(kv_tier.store, bench.deliverer(ext),
                          [[ext[i] for i in r] for r in bench.sample_requests()])
         raw.tune()
         measure_rounds(cases, rounds, raw)
