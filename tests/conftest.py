@@ -46,3 +46,16 @@ def overwrite():
             os.close(fd)
 
     return write
+
+
+@pytest.fixture
+def drive_dirs(tmp_path):
+    """``drive_dirs(n)``: paths of ``n`` new, empty directory drives under the test's tmp_path."""
+
+    def make(n: int) -> list[str]:
+        paths = [str(tmp_path / f"d{i}") for i in range(n)]
+        for p in paths:
+            os.makedirs(p)
+        return paths
+
+    return make

@@ -19,11 +19,8 @@ KILLS = 6
 
 
 @pytest.mark.parametrize("backend", ["threads", "uring"])
-def test_sigkill_loop(tmp_path, backend):
-    paths = []
-    for i in range(3):
-        (tmp_path / f"d{i}").mkdir()
-        paths.append(str(tmp_path / f"d{i}"))
+def test_sigkill_loop(tmp_path, drive_dirs, backend):
+    paths = drive_dirs(3)
     rng = random.Random(1234)
     durable_round = -1  # state after this round is durable (-1: nothing flushed yet)
     checked = 0

@@ -142,11 +142,9 @@ def test_misses_cost_nothing_and_failed_drive_objects_are_misses():
 
 
 @pytest.mark.parametrize("placement", ["round_robin", "hash"])
-def test_placement_and_extents_match_the_real_store(tmp_path, placement):
+def test_placement_and_extents_match_the_real_store(drive_dirs, placement):
     """The simulator runs the store's own strategy: same drive and extent sizes for every part."""
-    drives = [str(tmp_path / f"d{i}") for i in range(3)]
-    for d in drives:
-        (tmp_path / d).mkdir()
+    drives = drive_dirs(3)
     sizes = [100, 4096, 5000, 300_000, 2 * MiB + 17, 64]
     items = [(f"obj{i}".encode(), n) for i, n in enumerate(sizes)]
     with KVStore(StoreConfig(drives=drives, capacity_per_drive=64 * MiB, stripe_unit=MiB,
@@ -172,10 +170,8 @@ def test_simulated_bytes_are_the_extents_on_disk(sizes, n):
     assert r["bytes"] == want
 
 
-def test_measure_and_replay_report_the_same_metrics(tmp_path):
-    drives = [str(tmp_path / f"d{i}") for i in range(2)]
-    for d in drives:
-        (tmp_path / d).mkdir()
+def test_measure_and_replay_report_the_same_metrics(drive_dirs):
+    drives = drive_dirs(2)
     keys = _keys(16)
     stream = [Request("put", tuple(keys), (8192,) * 16), Request("get", tuple(keys[:8])), Request("get", tuple(keys))]
     with KVStore(StoreConfig(drives=drives, capacity_per_drive=16 * MiB)) as real:

@@ -8,11 +8,8 @@ from kvswarm import KVStore
 from kvswarm.cli import main
 
 
-def test_stats_scrub_reports_corruption(tmp_path, capsys, overwrite):
-    paths = []
-    for i in range(2):
-        (tmp_path / f"d{i}").mkdir()
-        paths.append(str(tmp_path / f"d{i}"))
+def test_stats_scrub_reports_corruption(drive_dirs, capsys, overwrite):
+    paths = drive_dirs(2)
     with KVStore.open(paths, capacity_per_drive=8 << 20) as s:
         s.put_many([(b"k%d" % i, os.urandom(6000)) for i in range(40)])
         off = s.catalog.get(next(iter(s.catalog.entries))).extents[0]

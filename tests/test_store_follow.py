@@ -84,10 +84,8 @@ def fingerprint(paths: list[str]) -> dict[str, str]:
 
 
 @pytest.fixture
-def drives(tmp_path):
-    paths = [str(tmp_path / "d0")]
-    os.makedirs(paths[0])
-    return paths
+def drives(drive_dirs):
+    return drive_dirs(1)
 
 
 def test_follower_sees_the_writers_objects_and_writes_nothing(drives):

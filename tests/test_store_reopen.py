@@ -12,10 +12,8 @@ from kvswarm.store import KVStore
 MiB = 1 << 20
 
 
-def test_reopen_from_checkpoint_matches_journal_replay(tmp_path):
-    drives = [str(tmp_path / f"d{i}") for i in range(2)]
-    for d in drives:
-        os.makedirs(d)
+def test_reopen_from_checkpoint_matches_journal_replay(tmp_path, drive_dirs):
+    drives = drive_dirs(2)
     side = tmp_path / "crash"
     side.mkdir()
     kw = dict(capacity_per_drive=16 * MiB, stripe_unit=256 << 10)

@@ -272,11 +272,8 @@ def test_online_maintenance_joins_and_reclusters():
 
 # ---- reads through a real store ----------------------------------------------------------------
 @pytest.fixture
-def store(tmp_path):
-    drives = [tmp_path / f"d{i}" for i in range(3)]
-    for d in drives:
-        d.mkdir()
-    s = KVStore(StoreConfig([str(d) for d in drives], capacity_per_drive=64 << 20, placement=SwarmPlacement(),
+def store(drive_dirs):
+    s = KVStore(StoreConfig(drive_dirs(3), capacity_per_drive=64 << 20, placement=SwarmPlacement(),
                             buffer_pool_bytes=16 << 20))
     yield s
     s.close()

@@ -96,10 +96,8 @@ def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, 
     assert r["objects_after"] == BLOCKS  # the bad blocks were dropped and written again
 
 
-def test_follower_engine_reads_a_live_writer_engines_blocks(model_dir, tmp_path):
-    drives = [str(tmp_path / f"d{i}") for i in range(2)]
-    for d in drives:
-        os.makedirs(d)
+def test_follower_engine_reads_a_live_writer_engines_blocks(model_dir, tmp_path, drive_dirs):
+    drives = drive_dirs(2)
     ready, stop = str(tmp_path / "serve.json"), str(tmp_path / "stop")
     cmd, env = engine_command(model_dir, drives, "serve", ready)
     with open(tmp_path / "serve.log", "w") as log:
