@@ -346,12 +346,12 @@ def test_real_io_errors_are_counted_and_isolated(tmp_path, backend):
         s.put_many([(b"e%d" % i, b"v" * 5000) for i in range(10)])
         # Swap drive 0's descriptor for a read-only one: its writes now fail with EBADF in the kernel.
         ro = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDONLY | os.O_DIRECT)
-        s.engine.fds[0] = ro
+        own, s.engine.fds[0] = s.engine.fds[0], ro
         results = s.put_many([(b"w%d" % i, b"v" * 5000) for i in range(10)])
         assert not all(results) and any(results)
         assert s.drive_stats[0].errors > 0 and not s.drives[0].healthy
         assert all(s.put_many([(b"x%d" % i, b"v" * 5000) for i in range(4)]))  # drive 0 avoided now
-        s.engine.fds[0] = s.drives[0].fd
+        s.engine.fds[0] = own
         os.close(ro)
 
 
@@ -502,3 +502,116 @@ def test_buffer_pool_populate_faults_the_region_in_and_keeps_contents():
             pytest.skip("kernel before 5.14: no MADV_POPULATE_WRITE")
         assert rss_kib() - before >= 60 << 10  # nearly all of the 64 MiB became resident
         assert (lease.numpy() == 7).all()
+
+
+# ---- races and failures a long-running server meets -------------------------------------------
+class _Meddler(dict):
+    """A catalog dict that runs ``act`` once, at its next ``get`` (after the lookup, or before it with
+    ``first``): what another thread, or a follower's reload, may do between two steps of a read's
+    catalog lookup."""
+
+    def __init__(self, d: dict, act, first: bool = False) -> None:
+        super().__init__(d)
+        self.act, self.first = act, first
+
+    def get(self, k, default=None):
+        if self.first and self.act is not None:
+            act, self.act = self.act, None
+            act()
+        r = super().get(k, default)
+        if self.act is not None:
+            act, self.act = self.act, None
+            act()
+        return r
+
+
+def test_a_row_reused_by_another_key_during_a_lookup_is_a_miss(tmp_path, backend):
+    with _open(_dirs(tmp_path, 1), backend) as s:
+        s.put(b"K", b"K-value" * 100)
+
+        def delete_and_reuse() -> None:  # after the index gave K's row, before the row is read
+            s.delete(b"K")
+            s.put(b"OTHER", b"other-data" * 70)  # takes K's freed row
+
+        s.catalog._index = _Meddler(s.catalog._index, delete_and_reuse)
+        with s.get_many([b"K"]) as r:
+            assert r.views == [None] and r.misses == 1  # never OTHER's bytes as K's
+        assert s.get(b"OTHER") == b"other-data" * 70
+
+
+def test_a_multi_extent_object_rewritten_during_a_lookup_is_a_miss_not_a_short_hit(tmp_path, backend):
+    big = _payload(b"M", 256 << 10)
+    with _open(_dirs(tmp_path, 1), backend, stripe_unit=64 << 10) as s:
+        s.put(b"M", big)  # five extents
+        s.put(b"N", b"n" * 5000)
+        # after the row was read as five parts, before its extents are looked up: now one extent
+        s.catalog._multi = _Meddler(s.catalog._multi, lambda: s.put(b"M", b"small"), first=True)
+        with s.get_many([b"M", b"N"]) as r:
+            assert r.views[0] is None and bytes(r.views[1]) == b"n" * 5000
+        assert s.get(b"M") == b"small"
+
+
+def test_verification_jobs_do_not_pile_up_when_callers_only_wait(tmp_path, backend, verifier):
+    with _open(_dirs(tmp_path, 1), backend) as s:
+        s.put(b"a", b"x" * 5000)
+        for _ in range(200):
+            with s.get_many([b"a"]) as r:
+                assert bytes(r.views[0]) == b"x" * 5000
+        assert len(s._verifying) <= 1
+
+
+def test_a_drive_filling_midway_through_an_object_gives_back_its_earlier_extents(tmp_path, backend):
+    with _open(_dirs(tmp_path, 1), backend, capacity_per_drive=8 * MiB, stripe_unit=MiB) as s:
+        free = s.drives[0].alloc.free
+        with pytest.raises(DriveFull):
+            s.put(b"big", b"y" * (9 * MiB))  # parts 1-7 fit, the ninth does not
+        assert s.drives[0].alloc.free == free and s.pool.in_use == 0 and len(s) == 0
+        assert s.put(b"fits", b"z" * (6 * MiB)) and s.get(b"fits") == b"z" * (6 * MiB)
+
+
+def test_a_failed_open_holds_nothing(tmp_path):
+    paths = _dirs(tmp_path, 1)
+    KVStore.open(paths, capacity_per_drive=MiB).close()
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="unknown I/O backend"):
+        KVStore.open(paths, capacity_per_drive=MiB, backend="bogus")
+    assert len(os.listdir("/proc/self/fd")) == fds  # drives, journal and writer lock all closed
+    KVStore.open(paths, capacity_per_drive=MiB, backend="threads").close()  # the lock was let go
+
+
+def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(tmp_path, backend, monkeypatch):
+    with _open(_dirs(tmp_path, 1), backend) as s:
+        s.put(b"k", b"a" * 5000)
+        s.put(b"k", b"b" * 5000)  # the first version's extent is freed at the next flush
+        free = s.drives[0].alloc.free
+        sync = s.catalog.sync
+
+        def failing() -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(s.catalog, "sync", failing)
+        with pytest.raises(OSError):
+            s.flush()
+        assert s.drives[0].alloc.free == free  # not freed: the replacement is not durable
+        monkeypatch.setattr(s.catalog, "sync", sync)
+        s.flush()
+        assert s.drives[0].alloc.free > free
+
+
+def test_thread_workers_keep_their_own_handle_on_the_drive(tmp_path):
+    """A worker stuck on a failing drive past close() must not later write into whatever file
+    reuses the store's fd number: workers hold duplicates of it."""
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"q" * 8192)
+    fd = os.open(path, os.O_RDONLY)
+    eng = make_engine("threads", 4)
+    eng.attach(0, fd, DriveStats(0))
+    os.close(fd)  # the owner's fd goes (and its number may be reused): the workers still read the file
+    buf = bytearray(4096)
+    req = IORequest(0, Op.READ, 4096, memoryview(buf))
+    eng.submit([req])
+    while not eng.poll(0.1):
+        pass
+    assert req.result == 4096 and bytes(buf) == b"q" * 4096
+    eng.close()

@@ -90,6 +90,13 @@ class ExtentTable:
     rows: np.ndarray  # the objects' catalog rows (digest, generation, payload_len ...)
 
 
+def _row_extents(rows: np.ndarray) -> ExtentTable:
+    """The extents of objects stored in one extent each: each row is its object's extent."""
+    n = len(rows)
+    return ExtentTable(np.arange(n), np.zeros(n, np.int64), rows["parts"], rows["drive"], rows["offset"],
+                       rows["length"], rows["csum"], rows["payload_len"], rows)
+
+
 class CatalogCorrupt(KVSwarmError):
     """The checkpoint file fails its checksum (the journal alone cannot rebuild it)."""
 
@@ -519,32 +526,41 @@ class Catalog:
         else:
             found, held = list(range(len(slots))), slots
         # clip: a follower's reload may swap in a smaller table meanwhile; a row read from it fails the
-        # read's header check (a miss), where an index error would fail the caller
+        # digest check below (a miss), where an index error would fail the caller
         rows = self._rows.view(_ROW_BYTES).take(held, mode="clip").view(ROW_DTYPE)
+        # A row deleted since the index lookup (parts 0), or reused by another key (another thread's
+        # delete + put, a follower's reload): a miss.  Verification alone would not catch the reuse:
+        # the headers it expects come from these rows, so another key's object would verify.
+        want = np.frombuffer(b"".join([digests[i] for i in found]), ROW_DTYPE["digest"])
+        live = (rows["parts"] > 0) & (rows["digest"] == want)
+        if not live.all():
+            idx = np.flatnonzero(live).tolist()
+            found, held, rows = [found[i] for i in idx], [held[i] for i in idx], rows[idx]
         parts = rows["parts"]
-        if not parts.all():  # deleted by another thread since the index lookup: a miss
-            keep = np.flatnonzero(parts)
-            found, rows = [found[i] for i in keep.tolist()], rows[keep]
-            parts = rows["parts"]
         n = len(rows)
         if n == 0 or (parts == 1).all():  # one extent per object: the row is the extent
-            return found, ExtentTable(np.arange(n), np.zeros(n, np.int64), parts, rows["drive"], rows["offset"],
-                                      rows["length"], rows["csum"], rows["payload_len"], rows)
+            return found, _row_extents(rows)
+        multi = self._multi
+        keep = []
         obj: list[int] = []
         part: list[int] = []
         exts: list[Extent] = []
         sizes: list[int] = []  # payload bytes per extent: full extents up to the object's length
-        for i, (r, k, plen) in enumerate(zip([slots[j] for j in found], parts.tolist(),
-                                             rows["payload_len"].tolist())):
-            # (a row another thread just rewrote reads as it is now: verification catches a mismatch)
-            ext = (self._multi.get(r) if k > 1 else None) or \
-                (tuple(rows[["drive", "offset", "length", "csum"]][i].item()),)
+        for i, (r, k, plen) in enumerate(zip(held, parts.tolist(), rows["payload_len"].tolist())):
+            ext = multi.get(r) if k > 1 else (tuple(rows[["drive", "offset", "length", "csum"]][i].item()),)
+            if ext is None or len(ext) != k:  # rewritten since this row was read: a miss, never part of it
+                continue
+            keep.append(i)
             for p, x in enumerate(ext):
-                obj.append(i)
+                obj.append(len(keep) - 1)
                 part.append(p)
                 exts.append(x)
                 sizes.append(min(plen, x[2] - HEADER_SIZE))
                 plen -= sizes[-1]
+        if len(keep) < n:
+            found, rows, parts = [found[i] for i in keep], rows[keep], parts[keep]
+            if not keep:
+                return found, _row_extents(rows)
         drv, off, ln, cs = (np.array(c, dt) for c, dt in zip(zip(*exts), (np.uint16, np.uint64, np.uint32,
                                                                            np.uint64)))
         obj_a = np.array(obj, np.int64)

@@ -26,7 +26,7 @@ import numpy as np
 from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, Lease
-from kvswarm.catalog import Catalog, Entry, ExtentTable
+from kvswarm.catalog import Catalog, Entry, Extent, ExtentTable
 from kvswarm.drive import Drive, open_drive
 from kvswarm.errors import DriveError, DriveFull, KVSwarmError
 from kvswarm.format import (
@@ -181,8 +181,11 @@ class GetHandle(_Handle):
             results = full
         self._check = self._store._check_get(self._ext, self._reads, results, self._lease)
         self._checking = True
-        if self._check is not None:
-            self._store._verifying.extend(self._check.jobs)
+        if self._check is not None and self._check.jobs:
+            v = self._store._verifying
+            while v and v[0].done:  # finished jobs leave here, not only in progress(): callers that only
+                v.popleft()         # wait() on their handles would otherwise grow it without end
+            v.extend(self._check.jobs)
 
     def wait(self) -> GetResult:
         if self._result is None:
@@ -331,16 +334,20 @@ class KVStore:
             self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow)
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
-        except BaseException:
+            self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
+            for d in self.drives:
+                self.engine.attach(d.index, d.fd, d.stats)
+            self.placement = make_placement(config.placement)
+            self.pool = BufferPool(config.buffer_pool_bytes)
+        except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
+            if getattr(self, "engine", None) is not None:
+                self.engine.close()
+            if getattr(self, "catalog", None) is not None:
+                self.catalog.close()
             for d in self.drives:
                 d.close()
             self._unlock_writer()
             raise
-        self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
-        for d in self.drives:
-            self.engine.attach(d.index, d.fd, d.stats)
-        self.placement = make_placement(config.placement)
-        self.pool = BufferPool(config.buffer_pool_bytes)
         self._lock = threading.Lock()
         self._deferred: list[Entry] = []  # extents to free at the next flush
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
@@ -451,6 +458,7 @@ class KVStore:
         place = self.placement.place
         staged: list[tuple[bytes, Entry, int]] = []
         reqs: list[IORequest] = []
+        exts: list[Extent] = []  # the extents of the object being staged
         pos = 0
         try:
             views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
@@ -493,9 +501,11 @@ class KVStore:
                     reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
                     pos += ext_len
                 staged.append((digest, Entry(gen, n, tuple(exts)), parts))
-        except BaseException:
+                exts = []
+        except BaseException:  # e.g. DriveFull in a later part: every extent taken so far goes back
             for _, e, _ in staged:
                 self._free(e)
+            self._free(Entry(0, 0, tuple(exts)))
             lease.release()
             raise
         return PutHandle(self, self.engine.submit(reqs, checked=True), (staged, reqs, lease))
@@ -822,7 +832,12 @@ class KVStore:
                     d.fail(f"fdatasync failed: {e.strerror}")
         with self._lock:
             deferred, self._deferred = self._deferred, []
-        self.catalog.sync()
+        try:
+            self.catalog.sync()
+        except BaseException:  # the frees are not durable yet: they wait for the next flush
+            with self._lock:
+                self._deferred[:0] = deferred
+            raise
         for e in deferred:
             self._free(e)
 

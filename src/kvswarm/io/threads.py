@@ -7,6 +7,7 @@ the GIL inside each syscall, so drives and chunks proceed in parallel.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 
 from kvswarm.io.base import IOEngine, IORequest, Op, now
 from kvswarm.metrics import DriveStats
+
+log = logging.getLogger(__name__)
 
 
 class ThreadEngine(IOEngine):
@@ -27,12 +30,17 @@ class ThreadEngine(IOEngine):
         self.workers_per_drive = workers_per_drive or max(1, min(8, queue_depth))
         self._queues: dict[int, queue.SimpleQueue] = {}
         self._threads: list[threading.Thread] = []
+        self._own_fds: list[int] = []
         self._done: queue.SimpleQueue[list[IORequest]] = queue.SimpleQueue()
         self._inflight = 0
         self._lock = threading.Lock()
 
     def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
-        super().attach(drive, fd, stats)
+        # The workers do I/O through the engine's own duplicate of the drive's fd, closed only once they
+        # have all exited: one stuck on a failing drive past close() then cannot later write into
+        # whatever file reuses the caller's fd number.
+        self._own_fds.append(os.dup(fd))
+        super().attach(drive, self._own_fds[-1], stats)
         q: queue.SimpleQueue = queue.SimpleQueue()
         self._queues[drive] = q
         for _ in range(self.workers_per_drive):
@@ -114,4 +122,10 @@ class ThreadEngine(IOEngine):
                 q.put(None)
         for t in self._threads:
             t.join(timeout=5)
+        if any(t.is_alive() for t in self._threads):  # an I/O still stuck in the kernel: keep its fd
+            log.warning("kvswarm threads engine: I/O workers still busy at close; their drive files stay open")
+        else:
+            for fd in self._own_fds:
+                os.close(fd)
+            self._own_fds.clear()
         self._threads.clear()
