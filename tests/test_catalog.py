@@ -127,3 +127,31 @@ def test_locate_skips_a_row_deleted_under_it(tmp_path):
     found, ext = cat.locate(keys)
     assert found == [0, 2, 3] and ext.obj.tolist() == [0, 0, 1, 1, 2, 2]
     assert ext.offset.tolist() == [0, 0, 16384, 16384, 24576, 24576]
+
+
+def test_a_failed_journal_write_leaves_no_torn_record_and_loses_nothing(tmp_path, monkeypatch):
+    """A full metadata disk takes part of a write, then fails: the journal is cut back to its last
+    whole record, the records stay pending, and the next write puts them all down once."""
+    import kvswarm.catalog as catalog_mod
+
+    cat = Catalog(str(tmp_path))
+    keys = [i.to_bytes(16, "little") for i in range(5000)]
+    entries = [Entry(cat.new_generation(), 1, ((0, 4096 * i, 4096, i),)) for i in range(len(keys))]
+    real_write, calls = os.write, []
+
+    def full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:1000]))  # a short write, then no space
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(catalog_mod.os, "write", full_disk)
+    with pytest.raises(OSError):
+        cat.put_many(list(zip(keys, entries)))  # 5000 records: written out at once
+    assert cat.get(keys[-1]) == entries[-1]  # applied in memory, as the pending records say
+    assert os.path.getsize(os.path.join(str(tmp_path), JOURNAL)) < 1000  # cut back: no torn record
+    monkeypatch.setattr(catalog_mod.os, "write", real_write)
+    cat.sync()
+    cat.close()
+    again = Catalog(str(tmp_path))
+    assert len(again) == len(keys) and again.get(keys[1234]) == entries[1234]

@@ -483,6 +483,7 @@ class Catalog:
                 rows[k] = r
             self._set(rows, digests, entries)
             index.update((digests[k], rows[k]) for k in new)
+            self._write_if_many()
         return out
 
     def put(self, digest: bytes, entry: Entry) -> Entry | None:
@@ -497,6 +498,7 @@ class Catalog:
             self._drop(row)
             if not self.follow:  # a follower only forgets it (until the writer journals it again)
                 self._append(_encode(OP_DEL, digest, None))
+                self._write_if_many()
             return old
 
     def get(self, digest: bytes) -> Entry | None:
@@ -587,13 +589,25 @@ class Catalog:
     def _append(self, rec: bytes) -> None:
         self._pending.append(rec)
         self._records_since_ckpt += 1
+
+    def _write_if_many(self) -> None:
+        """Write pending records out once there are many, after the change they record is applied in
+        memory: if the write fails, they stay pending for the next one, matching what is in memory."""
         if len(self._pending) >= 4096:
             self._write_pending()
 
     def _write_pending(self) -> None:
-        if self._pending:
-            os.write(self._jfd, b"".join(self._pending))
-            self._pending.clear()
+        if not self._pending:
+            return
+        start = os.lseek(self._jfd, 0, os.SEEK_END)
+        try:
+            view = memoryview(b"".join(self._pending))
+            while view:  # a full disk may take part of a write: the rest, or an error, follows
+                view = view[os.write(self._jfd, view):]
+        except BaseException:  # no torn record before the ones a later write appends: cut back to them
+            os.ftruncate(self._jfd, start)
+            raise
+        self._pending.clear()
 
     def sync(self) -> None:
         """Make every record appended so far durable (the caller synced the data first)."""

@@ -543,24 +543,26 @@ class KVStore:
         out = []
         done: list[tuple[bytes, Entry]] = []
         k = 0
-        for digest, entry, parts in items:
-            ok = True
-            for r in reqs[k:k + parts]:
-                if r.result != len(r.buf):
-                    self._io_error(r.drive, r.offset, r.result)
-                    ok = False
-            k += parts
-            if ok:
-                done.append((digest, entry))
-            else:
-                self._free(entry)
-                self.counters["put_failures"] += 1
-            out.append(ok)
-        for old in self.catalog.put_many(done):
-            if old is not None:
-                self._free_after_flush(old)
-        self.counters["puts"] += len(done)
-        lease.release()
+        try:
+            for digest, entry, parts in items:
+                ok = True
+                for r in reqs[k:k + parts]:
+                    if r.result != len(r.buf):
+                        self._io_error(r.drive, r.offset, r.result)
+                        ok = False
+                k += parts
+                if ok:
+                    done.append((digest, entry))
+                else:
+                    self._free(entry)
+                    self.counters["put_failures"] += 1
+                out.append(ok)
+            for old in self.catalog.put_many(done):  # may raise (a journal write failed): the lease still goes
+                if old is not None:
+                    self._free_after_flush(old)
+            self.counters["puts"] += len(done)
+        finally:
+            lease.release()
         return out
 
     def _free(self, e: Entry) -> None:
