@@ -9,6 +9,7 @@ is a counted miss, never data.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -182,10 +183,10 @@ class GetHandle(_Handle):
         self._check = self._store._check_get(self._ext, self._reads, results, self._lease)
         self._checking = True
         if self._check is not None and self._check.jobs:
-            v = self._store._verifying
-            while v and v[0].done:  # finished jobs leave here, not only in progress(): callers that only
-                v.popleft()         # wait() on their handles would otherwise grow it without end
-            v.extend(self._check.jobs)
+            # Finished jobs leave here too, not only in progress(): callers that only wait() on their
+            # handles would otherwise grow the queue without end.
+            self._store._drop_verified()
+            self._store._verifying.extend(self._check.jobs)
 
     def wait(self) -> GetResult:
         if self._result is None:
@@ -629,14 +630,22 @@ class KVStore:
             before = self.engine.completions
             self.engine.poll(timeout)
             return self.engine.completions - before
-        v, n = self._verifying, 0
+        v = self._verifying
         # The drives are idle: verify a queued batch on this thread rather than wait for the
         # worker.  A deep queue's last burst of reads then is verified on two cores, not one.
-        if v and not v[0].done and not verify_assist():
-            v[0].wait(timeout)
-        while v and v[0].done:
-            v.popleft()
-            n += 1
+        with contextlib.suppress(IndexError):
+            if not v[0].done and not verify_assist():
+                v[0].wait(timeout)
+        return self._drop_verified()
+
+    def _drop_verified(self) -> int:
+        """Forget the finished jobs at the head of the verification queue; how many.  Threads sharing
+        the store may race for the same job: one that finds the queue emptied under it stops."""
+        v, n = self._verifying, 0
+        with contextlib.suppress(IndexError):
+            while v[0].done:
+                v.popleft()
+                n += 1
         return n
 
     def get_many(self, keys: Sequence[bytes]) -> GetResult:
