@@ -21,9 +21,11 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage import StorageBackendFactory
+from sglang.srt.runtime_context import get_context
 
+from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.drive import DATA_FILE
-from kvswarm.format import key_digest, payload_offset
+from kvswarm.format import extent_size, key_digest, payload_offset
 from kvswarm.integrations.sglang import KVSwarmHiCacheStorage
 from kvswarm.integrations.sglang.backend import flat_order
 
@@ -32,15 +34,16 @@ LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
 POOLS = [("mha", layout) for layout in [*LAYOUTS, "page_head"]] + [("mla", layout) for layout in LAYOUTS]
 
 
-def host_pool(layout: str, seed: int = 0, kind: str = "mha") -> MHATokenToKVPoolHost | MLATokenToKVPoolHost:
+def host_pool(layout: str, seed: int = 0, kind: str = "mha",
+              dtype: torch.dtype = torch.bfloat16) -> MHATokenToKVPoolHost | MLATokenToKVPoolHost:
     if kind == "mla":  # DeepSeek-style latent KV: one run per layer, no K/V split
-        dev = MLATokenToKVPool(256, PAGE, torch.bfloat16, DIM, DIM // 2, LAYERS, "cpu", False, start_layer=0,
+        dev = MLATokenToKVPool(256, PAGE, dtype, DIM, DIM // 2, LAYERS, "cpu", False, start_layer=0,
                                end_layer=LAYERS - 1)
         pool = MLATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
                                     pin_memory=False, device_capacity_tokens=dev.size, start_layer=0,
                                     end_layer=LAYERS - 1, target_layer_num=LAYERS)
     else:
-        dev = MHATokenToKVPool(256, PAGE, torch.bfloat16, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
+        dev = MHATokenToKVPool(256, PAGE, dtype, HEADS, DIM, LAYERS, "cpu", False, start_layer=0,
                                end_layer=LAYERS - 1)
         pool = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
                                     pin_memory=False, device_capacity_tokens=dev.size, start_layer=dev.start_layer,
@@ -84,12 +87,15 @@ def page_data(pool, idx: torch.Tensor, n: int) -> list[torch.Tensor]:
     return [pool.get_data_page(int(idx[i * PAGE]), flat=True).clone() for i in range(n)]
 
 
+def lease_bytes(pool) -> int:
+    """What one page takes in the store's buffer pool while it is read or written."""
+    page = pool.get_dummy_flat_data_page()
+    return extent_size(page.numel() * page.element_size())
+
+
 @pytest.fixture
-def drives(tmp_path):
-    paths = [str(tmp_path / f"nvme{i}") for i in range(2)]
-    for p in paths:
-        os.makedirs(p)
-    return paths
+def drives(drive_dirs):
+    return drive_dirs(2)
 
 
 def test_dynamic_loading_gives_a_hicache_storage(drives):
@@ -308,3 +314,100 @@ def test_v2_pool_without_zero_copy_runs_moves_flat_pages(drives):
     bad = b.batch_get_v2([PoolTransfer(PoolName.MAMBA, host_indices=torch.tensor([5]), keys=keys)])
     assert bad == {PoolName.MAMBA: [False, False]}  # indices that do not match the keys: nothing moved
     b.close()
+
+
+@pytest.mark.parametrize("pool_pages", [5, 1.5])
+def test_calls_larger_than_the_buffer_pool(drives, pool_pages):
+    """A big model's pages (8 MiB each for Llama-3-8B at page size 64) outgrow the buffer pool
+    within one call: batches are sized by its room, so backups and restores of more pages than it
+    holds come out whole on every path, and every lease goes back."""
+    pool = host_pool("layer_first")
+    b = open_backend(drives, pool, buffer_pool_bytes=int(pool_pages * lease_bytes(pool)), read_split=4)
+    want = page_data(pool, pages(pool, 0, 8), 8)
+    for r in range(3):
+        keys = [f"r{r}-{i}" for i in range(8)]
+        assert b.batch_set_v1(keys[:6], pages(pool, 0, 6)) == [True] * 6
+        assert b.batch_set(keys[6:], want[6:])
+        assert b.batch_get_v1(keys, pages(pool, 8, 8)) == [True] * 8
+        assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 8, 8), 8), want))
+        got = b.batch_get(keys)  # no targets: page sizes unknown up front
+        assert all(torch.equal(g.view(-1), w.view(-1)) for g, w in zip(got, want))
+        got = b.batch_get(keys, [pool.get_dummy_flat_data_page() for _ in keys])
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        assert b.store.pool.in_use == 0
+    b.close()
+
+
+def test_page_larger_than_the_buffer_pool_fails_cleanly(drives):
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    assert all(b.batch_set_v1(["a", "b"], pages(pool, 0, 2)))
+    b.close()
+    b = open_backend(drives, pool, buffer_pool_bytes=lease_bytes(pool) // 2)
+    assert b.batch_set_v1(["c", "d"], pages(pool, 0, 2)) == [False, False]
+    assert not b.batch_set(["e"], page_data(pool, pages(pool, 0, 1), 1))
+    assert b.batch_get_v1(["a", "b"], pages(pool, 4, 2)) == [False, False]
+    assert b.batch_get(["a"]) == [None]
+    assert b.batch_exists(["a", "b", "c"]) == 2  # stored pages that could not be read stay
+    assert b.store.pool.in_use == 0
+    b.close()
+
+
+def test_failed_batch_fails_its_pages_only_and_leaks_no_lease(drives, monkeypatch):
+    """A lease refused mid-call waits for the call's earlier batches; any other failure of a batch
+    fails only its pages, never raises into SGLang, and every batch submitted gives its lease back."""
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool, buffer_pool_bytes=5 * lease_bytes(pool), read_split=2)
+    store = b.store
+    keys = [f"p{i}" for i in range(6)]
+    want = page_data(pool, pages(pool, 0, 6), 6)
+    submit_put, submit_get, lease = store.submit_put, store.submit_get, store.pool.lease
+
+    def failing(real, fail, on: int):
+        calls = 0
+
+        def call(*args, **kw):
+            nonlocal calls
+            calls += 1
+            if calls == on:
+                raise fail
+            return real(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(store, "submit_put", failing(submit_put, OSError("no healthy drive"), 1))
+    done = b.batch_set_v1(keys, pages(pool, 0, 6))  # two pages per batch: the pool's half
+    assert done == [False, False, True, True, True, True]
+    monkeypatch.setattr(store, "submit_put", submit_put)
+    assert b.batch_set_v1(keys, pages(pool, 0, 6)) == [True] * 6
+    monkeypatch.setattr(store.pool, "lease", failing(lease, BufferPoolExhausted("held by another thread"), 2))
+    assert b.batch_get_v1(keys, pages(pool, 8, 6)) == [True] * 6
+    assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 8, 6), 6), want))
+    monkeypatch.setattr(store, "submit_get", failing(submit_get, OSError("engine gone"), 2))
+    before = page_data(pool, pages(pool, 16, 6), 6)
+    assert b.batch_get_v1(keys, pages(pool, 16, 6)) == [True, True, False, False, True, True]
+    got = page_data(pool, pages(pool, 16, 6), 6)
+    assert all(torch.equal(got[i], (before if i in (2, 3) else want)[i]) for i in range(6))
+    assert store.pool.in_use == 0
+    b.close()
+
+
+def test_kv_cache_dtype_and_weights_key_pages_apart(drives):
+    """SGLang's host pool holds every fp8 KV cache as uint8: an fp8_e5m2 server must not read the
+    pages an fp8_e4m3 one left on the same drives, nor must a server of other weights (quantization,
+    revision) of the same model name."""
+    keys = ["f0", "f1"]
+    e4m3 = {"kv_cache_dtype": "fp8_e4m3"}
+    with get_context().override_server_args(**e4m3):
+        pool = host_pool("page_first", dtype=torch.float8_e4m3fn)
+        b = open_backend(drives, pool)
+        assert all(b.batch_set_v1(keys, pages(pool, 0, 2)))
+        b.close()
+    for args, dtype in [({"kv_cache_dtype": "fp8_e5m2"}, torch.float8_e5m2),
+                        ({**e4m3, "quantization": "awq"}, torch.float8_e4m3fn),
+                        ({**e4m3, "revision": "v2"}, torch.float8_e4m3fn),
+                        (e4m3, torch.float8_e4m3fn)]:
+        with get_context().override_server_args(**args):
+            b = open_backend(drives, host_pool("page_first", dtype=dtype))
+            assert b.batch_exists(keys) == (2 if args == e4m3 else 0), args
+            b.close()

@@ -7,7 +7,8 @@ Loaded by ``--hicache-storage-backend dynamic`` with the extra config::
      "drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736, "tenant": ""}
 
 One page is one store object, keyed by SGLang's page hash plus the layout
-fingerprint (model, TP/PP rank, host-pool type and layout, page size, heads, dtype) and the
+fingerprint (model, TP/PP rank, host-pool type and layout, page size, heads, dtype, and the
+server arguments that change a page's bytes: weights, quantization, KV cache dtype) and the
 tenant salt.  A page's bytes are the host pool's flat data page (for MHA: all K, then all
 V), whichever interface moved it, so the zero-copy path (``batch_get_v1`` /
 ``batch_set_v1``, and ``_v2`` for hybrid models' pools: straight between the pool's runs
@@ -29,7 +30,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import KVSwarmError
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
@@ -71,12 +74,33 @@ def shared_dir(cfg: HiCacheStorageConfig) -> str:
                                         f"-cp{cfg.attn_cp_rank}of{cfg.attn_cp_size}-dp{cfg.dp_rank}")
 
 
+# Server arguments that change a page's bytes but neither the model name nor the host pool: the
+# weights (path, revision, load format, dtype, quantization, config overrides), the KV cache's
+# scales and the KV cache dtype.  The host pool holds every fp8 KV cache as uint8 (SGLang's
+# store_dtype), so only kv_cache_dtype tells fp8_e4m3 pages from fp8_e5m2 ones.
+VARIANT_ARGS = ("model_path", "revision", "load_format", "dtype", "quantization", "modelopt_quant",
+                "quantization_param_path", "json_model_override_args", "kv_cache_dtype")
+
+
+def server_variant() -> str:
+    """This server's ``VARIANT_ARGS`` as SGLang resolved them (its ``model`` namespace); empty in a
+    process that has published none (not an SGLang server)."""
+    from sglang.srt.runtime_context import get_model
+
+    try:
+        args = get_model()
+    except ValueError:  # not published
+        return ""
+    return ",".join(f"{name}={getattr(args, name, None)}" for name in VARIANT_ARGS)
+
+
 def pool_layout(cfg: HiCacheStorageConfig, pool: Any | None) -> KVLayout:
     """The layout whose fingerprint keys this rank's pages (pool geometry when registered).  MLA's
     KV is the same on every TP rank of a DCP shard: its keys leave the TP rank out."""
     tp = f"dcp={cfg.dcp_rank}/{cfg.dcp_size}" if cfg.is_mla_model else f"tp={cfg.tp_rank}/{cfg.tp_size}"
     ident = (f"sglang:{cfg.model_name}|{tp}|pp={cfg.pp_rank}/{cfg.pp_size}"
-             f"|cp={cfg.attn_cp_rank}/{cfg.attn_cp_size}|dcp={cfg.dcp_rank}/{cfg.dcp_size}|mla={cfg.is_mla_model}")
+             f"|cp={cfg.attn_cp_rank}/{cfg.attn_cp_size}|dcp={cfg.dcp_rank}/{cfg.dcp_size}|mla={cfg.is_mla_model}"
+             f"|args={server_variant()}")
     if pool is None:
         return KVLayout(1, 1, 1, "int8", model_id=ident)
     return KVLayout(num_layers=pool.layer_num, num_kv_heads=getattr(pool, "head_num", 1),
@@ -132,8 +156,11 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         # Pages per store batch within one batch_get: SGLang's calls are synchronous, so a call's
         # first batches are verified and copied while its later ones are still being read.
         self.read_split = int(extra.get("read_split", 16))
-        if self.read_split < 1:
-            raise ValueError(f"kvswarm HiCache backend: read_split must be >= 1, not {self.read_split}")
+        # Store batches of one call in flight at once (each also within the buffer pool's room).
+        self.batches_in_flight = int(extra.get("batches_in_flight", 8))
+        for name in ("read_split", "batches_in_flight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"kvswarm HiCache backend: {name} must be >= 1, not {getattr(self, name)}")
         self._store_options = dict(
             capacity_per_drive=int(extra.get("capacity_per_drive", 1 << 30)), backend=extra.get("io_backend", "auto"),
             queue_depth=int(extra.get("queue_depth", 32)),
@@ -203,49 +230,109 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self.keyspace.key(key if name == PoolName.KV.value else f"{key}.{name}")
 
     # ---- store plumbing ------------------------------------------------------------
+    def _batches(self, store: KVStore, n: int, page_bytes: int, cap: int, submit: Callable[[int, int], Any],
+                 finish: Callable[[int, int, Any], None]) -> None:
+        """Move pages ``[0, n)`` as store batches ``submit(a, b)`` (a handle), each finished in order
+        by ``finish(a, b, handle)``, which releases its buffer lease.  A batch holds at most ``cap``
+        pages and what the buffer pool has room for (``page_bytes`` per page, 0: unknown), and no more
+        than half the pool: the next one is submitted while it is in flight, and another thread's
+        batch finds room.  A batch the pool cannot lease waits for this call's earlier ones, else is
+        halved; a page that does not fit on its own fails.  Any other failure fails only that
+        batch's pages, and every batch submitted is finished, whatever happens."""
+        pool, per = store.pool, store.object_bytes(page_bytes) if page_bytes else 0
+        if per > pool.capacity:
+            log.warning("kvswarm HiCache backend: pages of %d B do not fit its buffer pool (buffer_pool_bytes: "
+                        "%d B): %d pages fail", page_bytes, pool.capacity, n)
+            return
+        inflight: deque[tuple[int, int, Any]] = deque()
+        pos = 0
+        try:
+            while pos < n or inflight:
+                if pos < n and len(inflight) < self.batches_in_flight:
+                    room = min(pool.largest_free, pool.capacity // 2)
+                    if not (inflight and room < per):
+                        m = min(cap, n - pos, max(1, room // per) if per else cap)
+                        try:
+                            inflight.append((pos, pos + m, submit(pos, pos + m)))
+                            pos += m
+                            continue
+                        except BufferPoolExhausted:
+                            if not inflight:  # no lease of this call's to wait for
+                                if m == 1:
+                                    log.warning("kvswarm HiCache backend: no room for a page in the buffer pool "
+                                                "(%d B free of %d B)", pool.largest_free, pool.capacity)
+                                    pos += 1
+                                cap = max(1, m // 2)
+                                continue
+                        except Exception:  # e.g. no healthy drive: these pages fail, not the backend
+                            log.exception("kvswarm HiCache backend: a batch of %d pages failed to submit", m)
+                            pos += m
+                            continue
+                self._finish(finish, *inflight.popleft())  # its lease makes room for the next batch
+        finally:
+            while inflight:
+                self._finish(finish, *inflight.popleft())
+
+    @staticmethod
+    def _finish(finish: Callable[[int, int, Any], None], a: int, b: int, handle: Any) -> None:
+        try:
+            finish(a, b, handle)
+        except Exception:  # its pages not yet reported stay failed
+            log.exception("kvswarm HiCache backend: a batch of %d pages failed", b - a)
+
     def _read(self, pool: str | PoolName, keys: Sequence[bytes], into: Sequence[Any] | None = None,
-              sink=None) -> list[bool]:
+              sink=None, page_bytes: int = 0) -> list[bool]:
         """Read ``keys`` of ``pool``'s pages.  The store copies each verified hit into its ``into``
         buffer, or scatters it over its ``Runs`` in the host pool (see ``KVStore.submit_get``), on
         its native worker without the GIL, which SGLang's scheduler thread holds most of the time;
         ``sink(i, memoryview)`` consumes the hits without one (False: wrong size).  Bad pages are
-        deleted; a page that does not fit its target is a miss, and stays."""
+        deleted; a page that does not fit its target is a miss, and stays.  Batches are sized by
+        the largest ``into`` buffer, else by ``page_bytes`` (0: unknown)."""
         ok = [False] * len(keys)
         store = self._store(pool)
         if store is None:
             return ok
-        step = self.read_split
-        handles = [(a, store.submit_get(keys[a:a + step], None if into is None else into[a:a + step]))
-                   for a in range(0, len(keys), step)]
-        for a, h in handles:
-            with h.wait() as res:
+        if into is not None:
+            page_bytes = max((_nbytes(t) for t in into if t is not None), default=page_bytes)
+
+        def submit(a: int, b: int):
+            return store.submit_get(keys[a:b], None if into is None else into[a:b])
+
+        def finish(a: int, b: int, handle) -> None:
+            with handle.wait() as res:
+                for i in res.failed:  # corrupt or unreadable: recompute rather than loop on it
+                    store.delete(keys[a + i])
                 for i, view in enumerate(res.views, a):
                     if view is None:
                         continue
                     if sink is None or (into is not None and into[i] is not None) or sink(i, view) is not False:
                         ok[i] = True
-                for i in res.failed:  # corrupt or unreadable: recompute rather than loop on it
-                    store.delete(keys[a + i])
+
+        self._batches(store, len(keys), page_bytes, self.read_split, submit, finish)
         return ok
 
-    def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads) -> list[bool]:
-        """Write ``payloads(i)`` for keys not stored yet; durable before returning when ``durable``.
-        A follower writes nothing (SGLang backs MLA's KV up from its writer rank only; a server
-        configured to follow has no store of its own)."""
+    def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads, page_bytes: int) -> list[bool]:
+        """Write ``payloads(i)`` (at most ``page_bytes`` each) for keys not stored yet; durable before
+        returning when ``durable``.  A follower writes nothing (SGLang backs MLA's KV up from its
+        writer rank only; a server configured to follow has no store of its own)."""
         store = self._store(pool)
         if store is None or store.config.follow:
             return [False] * len(keys)
         todo = [i for i, k in enumerate(keys) if not store.contains(k)]
         ok = [True] * len(keys)
+        for i in todo:
+            ok[i] = False
+
+        def submit(a: int, b: int):
+            return store.submit_put([(keys[i], payloads(i)) for i in todo[a:b]])
+
+        def finish(a: int, b: int, handle) -> None:
+            for i, done in zip(todo[a:b], handle.wait()):
+                ok[i] = done
+
         if todo:
-            try:
-                done = store.put_many([(keys[i], payloads(i)) for i in todo])
-            except Exception:  # pool full, no healthy drive: a failed write, not a dead backend
-                log.exception("kvswarm HiCache backend: write of %d pages failed", len(todo))
-                done = [False] * len(todo)
-            for i, d in zip(todo, done):
-                ok[i] = d
-            if self.durable and any(done):
+            self._batches(store, len(todo), page_bytes, len(todo), submit, finish)
+            if self.durable and any(ok[i] for i in todo):
                 store.flush()
         return ok
 
@@ -274,7 +361,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                   target_sizes: Any | None = None) -> bool:
         if values is None:
             return False
-        return all(self._write(PoolName.KV, [self._key(k) for k in keys], lambda i: _tensor_bytes(values[i])))
+        return all(self._write(PoolName.KV, [self._key(k) for k in keys], lambda i: _tensor_bytes(values[i]),
+                               max(map(_nbytes, values), default=0)))
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
@@ -333,7 +421,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         if runs is not None:
             return self._read(name, keys, runs)
         dummy = pool.get_dummy_flat_data_page()
-        nbytes = dummy.numel() * dummy.element_size()
+        nbytes = _nbytes(dummy)
 
         def sink(i: int, view: memoryview) -> bool:
             if len(view) != nbytes:
@@ -341,7 +429,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             pool.set_from_flat_data_page(starts[i], torch.frombuffer(view, dtype=torch.uint8).view(dummy.dtype))
             return True
 
-        return self._read(name, keys, sink=sink)
+        return self._read(name, keys, sink=sink, page_bytes=nbytes)
 
     def _put_pages(self, name: str | PoolName, pool, keys: list[bytes],
                    host_indices: torch.Tensor | None) -> list[bool]:
@@ -349,8 +437,9 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         starts, runs = pages
         if runs is not None:
-            return self._write(name, keys, runs.__getitem__)  # gathered by the store
-        return self._write(name, keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)))
+            return self._write(name, keys, runs.__getitem__, max(map(_nbytes, runs)))  # gathered by the store
+        return self._write(name, keys, lambda i: _tensor_bytes(pool.get_data_page(starts[i], flat=True)),
+                           _nbytes(pool.get_dummy_flat_data_page()))
 
     # ---- v1: the anchor (KV) pool ------------------------------------------------------
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
@@ -428,3 +517,12 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
+
+
+def _nbytes(page: torch.Tensor | np.ndarray | Runs) -> int:
+    """A page's bytes: a tensor's, an array's, or its runs' in the host pool."""
+    if isinstance(page, Runs):
+        return int(page.lens.sum())
+    if isinstance(page, torch.Tensor):
+        return page.numel() * page.element_size()
+    return page.nbytes
