@@ -1,14 +1,20 @@
 """KVSwarmTierManager through vLLM's secondary-tier interfaces (no engine): round trip,
-restart, corruption, failed drive, tenant isolation, jobs larger than the buffer pool."""
+restart, corruption, failed drive, tenant isolation, jobs larger than the buffer pool, store
+errors that fail jobs but not the tier, chunks the eviction policy refuses."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import logging
 import os
+import threading
 import time
 
 import numpy as np
 import pytest
 from vllm.v1.kv_offload.base import LookupResult
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest, payload_offset
@@ -23,11 +29,8 @@ CHUNKS = 32
 
 
 @pytest.fixture
-def drives(tmp_path):
-    paths = [str(tmp_path / f"d{i}") for i in range(3)]
-    for p in paths:
-        os.makedirs(p)
-    return paths
+def drives(drive_dirs):
+    return drive_dirs(3)
 
 
 @pytest.fixture
@@ -255,3 +258,104 @@ def test_many_jobs_on_a_small_pool_all_succeed(drives):
             tier.shutdown()
     finally:
         primary.close()
+
+
+def fail_once(monkeypatch, obj, name: str, exc: Exception) -> list[int]:
+    """Make ``obj.name`` raise ``exc`` on its first call only; returns a one-item call counter."""
+    real, calls = getattr(obj, name), [0]
+
+    def flaky(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise type(exc)(*exc.args)  # a fresh one: a raised exception keeps the failed frames
+        return real(*a, **kw)
+
+    monkeypatch.setattr(obj, name, flaky)
+    return calls
+
+
+def run_within(run: JobRunner, keys, chunks, load: bool, timeout: float = 10.0):
+    """``run.run`` that fails rather than hangs when the tier's driver thread is gone."""
+    job = run.submit(keys, chunks, load)
+    return run.wait([job], timeout)[job]
+
+
+def drained(tier, timeout: float = 10.0) -> bool:
+    """drain_jobs returned within ``timeout`` (it blocks forever once the driver thread is gone)."""
+    t = threading.Thread(target=tier.drain_jobs, daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
+
+
+def test_a_failing_catalog_write_fails_its_store_job_not_the_tier(drives, primary, monkeypatch):
+    """The journal's disk full (ENOSPC): that store job fails, and the driver thread goes on."""
+    keys = keys_for(8)
+    fill(primary, range(8))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    calls = fail_once(monkeypatch, tier.store.catalog, "put_many", OSError(errno.ENOSPC, "No space left on device"))
+    res = run_within(run, keys[:4], range(4), load=False)
+    assert calls[0] == 1 and not res.success
+    assert run_within(run, keys[4:], range(4, 8), load=False).success
+    assert drained(tier)
+    assert run.lookup(keys[4:]) == [LookupResult.HIT] * 4
+    assert run.run(keys[:4], range(4), load=False).success  # retried once the journal has room
+    tier.shutdown()
+
+
+def test_a_failing_delete_during_a_load_reports_the_verified_chunks(drives, primary, monkeypatch):
+    keys = keys_for(9)
+    fill(primary, range(9))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys, range(9), load=False).success
+    tier.store.fail_drive(1)
+    healthy = {k for k in keys
+               if tier.store.catalog.entries[key_digest(tier.keyspace.key(k))].extents[0][0] != 1}
+    assert 0 < len(healthy) < 9
+    fail_once(monkeypatch, tier.store, "delete", OSError(errno.EIO, "Input/output error"))
+    # pytest keeps log records, whose tracebacks would keep this load's views of the primary region
+    # alive past the test (the region then cannot be unmapped): the error goes to stderr instead.
+    monkeypatch.setattr(logging.getLogger("kvswarm.integrations.vllm.tier"), "propagate", False)
+    res = run_within(run, keys, range(16, 25), load=True)
+    assert not res.success and set(res.successful_keys) == healthy
+    assert drained(tier)
+    more = keys_for(4, salt=1)
+    assert run_within(run, more, range(4), load=False).success  # later jobs still run
+    tier.shutdown()
+
+
+def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch):
+    """Stores are reported once durable: a flush that fails (here the catalog's sync) fails them,
+    and emits no 'stored' event for them."""
+    spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
+    spec = TieringOffloadingSpec(dataclasses.replace(spec.config, enable_kv_cache_events=True))
+    tier = make_tier(tier_config(drive_dirs(3), enable_kv_events=True), primary, spec)
+    keys = keys_for(8)
+    fill(primary, range(8))
+    run = JobRunner(tier)
+    fail_once(monkeypatch, tier.store.catalog, "sync", OSError(errno.EIO, "Input/output error"))
+    assert not run_within(run, keys[:4], range(4), load=False).success
+    assert list(tier.take_events()) == []
+    assert run_within(run, keys[4:], range(4, 8), load=False).success
+    assert [(e.keys, e.removed) for e in tier.take_events()] == [(keys[4:], False)]
+    tier.shutdown()
+
+
+def test_chunks_the_eviction_policy_refuses_are_reported_not_stored(drives, primary):
+    """Drives filled by another tenant, whose keys this tier never looks up: what the policy has no
+    room for is not stored, and the store job says so (vLLM must not count on this tier for it)."""
+    per_drive = 4 * (LAYOUT.block_bytes + 4096) + 4096  # 12 chunks over 3 drives
+    fill(primary, range(16))
+    keys = keys_for(16)
+    tier = open_tier(drives, primary, capacity_per_drive=per_drive, tenant="a")
+    assert JobRunner(tier).run(keys[:12], range(12), load=False).success
+    tier.shutdown()
+    tier = open_tier(drives, primary, capacity_per_drive=per_drive, tenant="b")
+    assert tier.residency.unknown == 12
+    run = JobRunner(tier)
+    res = run.run(keys[12:], range(12, 16), load=False)
+    assert not res.success and res.transfer_bytes == 0
+    assert run.lookup(keys[12:]) == [LookupResult.MISS] * 4
+    tier.shutdown()

@@ -68,7 +68,10 @@ def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = N
     vLLM's offloading config gives bytes, not heads: the per-token K+V width of all
     heads is folded into ``head_dim`` of one KV head (same bytes, same fingerprint
     for the same model), and everything else that changes a chunk's bytes (model,
-    parallelism, cache layout, chunk size) goes into ``model_id``.
+    parallelism, cache layout, chunk size) goes into ``model_id``.  ``cfg.model.dtype`` is
+    the KV cache dtype (vLLM's ``cache_dtype`` unless ``auto``); the weights' quantization
+    and revision are not in vLLM 0.32's offloading config: serving one model name with
+    several takes a ``model_id`` per variant (docs/integrations.md).
     """
     cfg = spec.config
     dtype = layout_dtype(cfg.model.dtype)
@@ -146,6 +149,7 @@ class _Job:
     batches: list[tuple[int, int, GetHandle | PutHandle, list[bytes]]] = field(default_factory=list)
     ok: list[bool] = field(default_factory=list)  # per key, filled as batches complete
     written: set[bytes] = field(default_factory=set)  # puts: keys this job wrote
+    flush_failures: int = 0  # the tier's failed flushes when this job first wrote
     t_done: float = 0.0
 
     @property
@@ -209,6 +213,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._delete_after_write: set[bytes] = set()
         self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
         self._evicted_since_flush = 0
+        self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -304,66 +309,91 @@ class KVSwarmTierManager(SecondaryTierManager):
         next_refresh = 0.0
         while True:
             if self.follow and time.perf_counter() >= next_refresh:
-                self.store.refresh()  # the writer's flushes since: one stat when there are none
+                try:
+                    self.store.refresh()  # the writer's flushes since: one stat when there are none
+                except Exception:  # serve the catalog as it is; the next interval tries again
+                    log.exception("kvswarm tier: catalog refresh failed")
                 next_refresh = time.perf_counter() + self.refresh_interval
+            # An unexpected error ends this iteration, never the thread: a dead driver would leave
+            # vLLM's promotions pending and drain_jobs (reset_cache, shutdown) waiting forever.
             try:
-                block = not active
-                wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
-                while len(active) < self._max_inflight:
-                    item = self._queue.get(block=block, timeout=wake if block else None)
-                    block = False
-                    if item is None:
-                        return
-                    item.ok = [False] * len(item.keys)
-                    active.append(item)
-            except queue.Empty:
-                pass
-            with contextlib.suppress(IndexError):
-                while True:
-                    self._evict(self.residency.seen(self._seen.popleft()))
-            for j in active:
-                self._submit_batches(j, force=not any(x.batches for x in active))
-            progressed = False
-            if any(j.batches for j in active):
-                self.store.engine.poll(0)  # one reap for every batch: `done` below makes no system call
-            # Any finished batch, not only the oldest: the disk completes deep queues out of order,
-            # and a batch left waiting behind another adds its verify and copy to the tail.  `done`
-            # hands each batch whose reads are back to verification: every batch is asked before any
-            # is completed, so none waits for verification to start while earlier ones complete.
-            states = [[b[2].done for b in j.batches] for j in active]
-            for j, done in zip(active, states):
-                if any(done):
-                    left = []
-                    for b, ready in zip(j.batches, done):
-                        if not ready:
-                            left.append(b)
-                        elif j.load:
+                if not self._step(active, unflushed):
+                    return
+            except Exception:
+                log.exception("kvswarm tier: driver iteration failed")
+                time.sleep(0.01)  # a persistent error neither spins nor floods the log
+
+    def _step(self, active: list[_Job], unflushed: list[_Job]) -> bool:
+        """One turn of the driver loop; False once shutdown is asked for."""
+        try:
+            block = not active
+            wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
+            while len(active) < self._max_inflight:
+                item = self._queue.get(block=block, timeout=wake if block else None)
+                block = False
+                if item is None:
+                    return False
+                item.ok = [False] * len(item.keys)
+                active.append(item)
+        except queue.Empty:
+            pass
+        with contextlib.suppress(IndexError):
+            while True:
+                self._evict(self.residency.seen(self._seen.popleft()))
+        for j in active:
+            self._submit_batches(j, force=not any(x.batches for x in active))
+        progressed = False
+        if any(j.batches for j in active):
+            self.store.engine.poll(0)  # one reap for every batch: `done` below makes no system call
+        # Any finished batch, not only the oldest: the disk completes deep queues out of order,
+        # and a batch left waiting behind another adds its verify and copy to the tail.  `done`
+        # hands each batch whose reads are back to verification: every batch is asked before any
+        # is completed, so none waits for verification to start while earlier ones complete.
+        states = [[b[2].done for b in j.batches] for j in active]
+        for j, done in zip(active, states):
+            if any(done):
+                ready = [b for b, d in zip(j.batches, done) if d]
+                j.batches = [b for b, d in zip(j.batches, done) if not d]  # first: none is completed twice
+                for b in ready:
+                    # A completion that raises (a journal write, a delete) fails the batch's keys not
+                    # marked done yet; the job goes on, and is reported like any other.
+                    try:
+                        if j.load:
                             self._complete_load(j, *b[:3])
                             # Refill the drives between verifications (each ~0.3 ms at 2 MiB) rather
                             # than after all of them: restores of 2 MiB chunks 0.98 vs 0.90 of raw.
                             self.store.progress(0)
                         else:
                             self._complete_put(j, *b)
-                    j.batches = left
-                    progressed = True
-            finished = [j for j in active if j.done]
-            for j in finished:
-                active.remove(j)
-                if self.durable and j.written:
-                    j.t_done = time.perf_counter()
-                    unflushed.append(j)  # reported once a flush makes it durable
-                else:
-                    self._finish(j)
-            # One flush covers every store finished so far: flush when no write is in flight, or
-            # when the oldest finished store has waited flush_interval (bounds its latency).
-            if unflushed and (not any(not j.load for j in active)
-                              or time.perf_counter() - unflushed[0].t_done > self.flush_interval):
-                self._flush()
-                for j in unflushed:
-                    self._finish(j)
-                unflushed.clear()
-            elif not finished and not progressed:
-                self.store.progress(0.001)  # the next I/O back, or else the next batch verified
+                    except Exception:
+                        log.exception("kvswarm tier: job %d batch failed to complete", j.job.job_id)
+                        if not j.load:
+                            self._put_failed(b[3])
+                progressed = True
+        finished = [j for j in active if j.done]
+        for j in finished:
+            active.remove(j)
+            if self.durable and j.written:
+                j.t_done = time.perf_counter()
+                unflushed.append(j)  # reported once a flush makes it durable
+            else:
+                self._finish(j)
+        # One flush covers every store finished so far: flush when no write is in flight, or
+        # when the oldest finished store has waited flush_interval (bounds its latency).
+        if unflushed and (not any(not j.load for j in active)
+                          or time.perf_counter() - unflushed[0].t_done > self.flush_interval):
+            self._flush()
+            for j in unflushed:
+                if j.flush_failures != self._flush_failures:
+                    # A flush failed since it wrote (this one or an earlier one): a later fsync that
+                    # succeeds does not vouch for pages an earlier one failed to write back.
+                    j.ok = [False] * len(j.keys)
+                    j.written.clear()  # no 'stored' events
+                self._finish(j)
+            unflushed.clear()
+        elif not finished and not progressed:
+            self.store.progress(0.001)  # the next I/O back, or else the next batch verified
+        return True
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
@@ -395,38 +425,49 @@ class KVSwarmTierManager(SecondaryTierManager):
     def _submit_put(self, j: _Job, start: int, end: int) -> tuple[PutHandle | None, list[bytes]]:
         bs = self.block_size_bytes
         items, skipped = [], []
-        for i in range(start, end):
-            sk = self.keyspace.key(j.keys[i])
-            if sk in self._writing or self.store.contains(sk):
-                skipped.append(i)  # already stored, or being stored by another job
-                continue
-            victims = self.residency.admit(sk)
-            if sk in victims:  # the policy keeps nothing of this size right now: not stored, not an error
-                skipped.append(i)
-                continue
-            self._evict(victims)
-            items.append((sk, self._flat[j.offsets[i]:j.offsets[i] + bs]))
+        try:
+            for i in range(start, end):
+                sk = self.keyspace.key(j.keys[i])
+                if sk in self._writing or self.store.contains(sk):
+                    skipped.append(i)  # already stored, or being stored by another job
+                    continue
+                victims = self.residency.admit(sk)
+                if sk in victims:  # the policy keeps nothing of this size right now: reported not stored
+                    continue
+                items.append((sk, self._flat[j.offsets[i]:j.offsets[i] + bs]))
+                self._evict(victims)
+            if not items:
+                handle = None
+            else:
+                if self._evicted_since_flush:
+                    self._flush()  # deleted extents become reusable at a flush
+                handle = self.store.submit_put(items)
+        except BaseException:
+            for k, _ in items:  # admitted but never written: the policy must not count them
+                self.residency.forget(k)
+            raise
         for i in skipped:
             j.ok[i] = True
-        if not items:
+        if handle is None:
             return None, []
-        if self._evicted_since_flush:
-            self._flush()  # deleted extents become reusable at a flush
-        handle = self.store.submit_put(items)
         put = [k for k, _ in items]
         self._writing.update(put)
         return handle, put
 
     def _complete_load(self, j: _Job, start: int, end: int, handle: GetHandle) -> None:
         """A finished load batch, verified in its chunks: a key that missed is forgotten, so vLLM recomputes it."""
+        missed = []
         with handle.wait() as result:
             for i, view in zip(range(start, end), result.views):
                 if view is not None:
                     j.ok[i] = True
                 else:  # corrupt, torn, on a failed drive
-                    sk = self.keyspace.key(j.keys[i])
-                    self.store.delete(sk)
-                    self.residency.forget(sk)
+                    missed.append(i)
+        # Deleted only once every verified key is marked: a delete that raises fails no good chunk.
+        for i in missed:
+            sk = self.keyspace.key(j.keys[i])
+            self.store.delete(sk)
+            self.residency.forget(sk)
 
     def _complete_put(self, j: _Job, start: int, end: int, handle: PutHandle, put: list[bytes]) -> None:
         keys = [self.keyspace.key(j.keys[i]) for i in range(start, end)]
@@ -435,12 +476,24 @@ class KVSwarmTierManager(SecondaryTierManager):
         for k, ok in oks.items():
             if not ok:
                 self.residency.forget(k)
-        self._evict([k for k in put if k in self._delete_after_write])
+        if not j.written:
+            j.flush_failures = self._flush_failures
         for i, k in zip(range(start, end), keys):
             if k in oks:
                 j.ok[i] = oks[k]
                 if oks[k]:
                     j.written.add(k)
+        self._evict([k for k in put if k in self._delete_after_write])
+
+    def _put_failed(self, put: list[bytes]) -> None:
+        """A put batch whose completion raised: a key the catalog took is resident (the next flush
+        journals it), one it did not take is forgotten."""
+        self._writing.difference_update(put)
+        for k in put:
+            if not self.store.contains(k):
+                self.residency.forget(k)
+                self._delete_after_write.discard(k)
+        self._evict([k for k in put if k in self._delete_after_write])
 
     def _evict(self, victims: list[bytes]) -> None:
         """Delete evicted chunks (driver thread); one still being written goes once its write ends."""
@@ -456,7 +509,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         try:
             self.store.flush()
             self._evicted_since_flush = 0
-        except Exception:
+        except Exception:  # the stores it was to make durable are reported not stored
+            self._flush_failures += 1
             log.exception("kvswarm tier: flush failed")
 
     def _finish(self, j: _Job) -> None:
