@@ -592,9 +592,11 @@ class Catalog:
 
     def _write_if_many(self) -> None:
         """Write pending records out once there are many, after the change they record is applied in
-        memory: if the write fails, they stay pending for the next one, matching what is in memory."""
+        memory.  A failed write is not raised here, where the caller could not tell what was applied:
+        the records stay pending, and ``sync`` (a flush), which makes them durable, reports it."""
         if len(self._pending) >= 4096:
-            self._write_pending()
+            with contextlib.suppress(OSError):
+                self._write_pending()
 
     def _write_pending(self) -> None:
         if not self._pending:

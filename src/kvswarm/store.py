@@ -821,7 +821,11 @@ class KVStore:
 
     def delete(self, key: bytes) -> bool:
         """Drop ``key``; a follower only forgets it, until its writer journals it again."""
-        old = self.catalog.delete(key_digest(key))
+        return self.delete_digest(key_digest(key))
+
+    def delete_digest(self, digest: bytes) -> bool:
+        """Drop the object whose key digest is ``digest`` (a restart recovers digests, not keys)."""
+        old = self.catalog.delete(digest)
         if old is not None and not self.config.follow:
             self._free_after_flush(old)
         return old is not None

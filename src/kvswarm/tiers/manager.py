@@ -313,7 +313,7 @@ class TierManager:
                 elif self._pending[a.tier][a.key]:
                     self._doomed[a.tier].add(a.key)
                 else:
-                    _delete_digest(self.stores[a.tier], a.key)
+                    self.stores[a.tier].delete_digest(a.key)
         finally:
             for t in POOL_TIERS:
                 self._submit(t, queued[t])
@@ -433,7 +433,7 @@ class TierManager:
                     del self._pending[t][d]
                     if d in self._doomed[t]:
                         self._doomed[t].discard(d)
-                        _delete_digest(self.stores[t], d)
+                        self.stores[t].delete_digest(d)
                 if not ok:
                     self.counters["put_failures"] += 1
                     self.director.lost(d, t)
@@ -459,7 +459,7 @@ class TierManager:
             for dg, e in list(s.catalog.entries.items()):
                 if any(x[0] in dead for x in e.extents):
                     self.director.lost(dg, t)
-                    _delete_digest(s, dg)
+                    s.delete_digest(dg)
             log.warning("%s pool: %d of %d drives healthy", t.name, healthy, len(s.drives))
             self._execute(self.director.resize(t, block_capacity(s, self.config.block_bytes)), {})
 
@@ -481,10 +481,3 @@ class TierManager:
 def _noop() -> None:
     pass
 
-
-def _delete_digest(store: KVStore, digest: bytes) -> None:
-    # KVStore.delete takes a key; the tiers know digests (a restart recovers only those).
-    # Same steps as KVStore.delete: catalog first, extents freed after the next flush.
-    old = store.catalog.delete(digest)
-    if old is not None:
-        store._free_after_flush(old)
