@@ -157,3 +157,14 @@ def test_a_failed_journal_write_leaves_no_torn_record_and_loses_nothing(tmp_path
     cat.close()
     again = Catalog(str(tmp_path))
     assert len(again) == len(keys) and again.get(keys[1234]) == entries[1234]
+
+
+def test_written_before_lists_only_older_live_objects(tmp_path):
+    cat = Catalog(str(tmp_path))
+    old = [i.to_bytes(16, "little") for i in range(5000)]  # more than one 4096-row chunk
+    cat.put_many([(k, Entry(cat.new_generation(), 1, ((0, 0, 4096, 1),))) for k in old])
+    cut = cat.next_generation
+    cat.delete(old[3])
+    cat.put(old[7], Entry(cat.new_generation(), 1, ((0, 0, 4096, 2),)))  # rewritten: newer now
+    cat.put(b"n" * 16, Entry(cat.new_generation(), 1, ((0, 0, 4096, 3),)))  # new, in row 3 reused
+    assert list(cat.written_before(cut)) == [k for i, k in enumerate(old) if i not in (3, 7)]

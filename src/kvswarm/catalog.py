@@ -512,6 +512,17 @@ class Catalog:
         """A live view of the digests held (``in`` on it is one C-level dict probe: hot lookups)."""
         return self._index.keys()
 
+    def written_before(self, generation: int) -> Iterator[bytes]:
+        """Digests of the objects written before ``generation`` (by an earlier process, say), row by
+        row and lazily, without a copy of the catalog.  A row freed or reused after it was read is
+        not seen again: callers check an object with :meth:`get` before acting on it."""
+        r = 0
+        while r < self._used:
+            t = self._rows[r:min(r + 4096, self._used)]
+            live = (t["parts"] > 0) & (t["generation"] < generation)
+            r += len(t)
+            yield from (d.tobytes() for d in t["digest"][live])
+
     def __len__(self) -> int:
         return len(self._index)
 

@@ -1,6 +1,6 @@
 """KVSwarmTierManager through vLLM's secondary-tier interfaces (no engine): round trip,
 restart, corruption, failed drive, tenant isolation, jobs larger than the buffer pool, store
-errors that fail jobs but not the tier, chunks the eviction policy refuses."""
+errors that fail jobs but not the tier, chunks no lookup meets making room, chunks the eviction policy refuses."""
 
 from __future__ import annotations
 
@@ -173,11 +173,13 @@ def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
     tier = open_tier(drives, primary, capacity_per_drive=per_drive)  # restart: 12 chunks of unknown keys
     run = JobRunner(tier)
     assert tier.residency.unknown == 12
-    assert run.lookup(keys[4:8]) == [LookupResult.HIT] * 4  # adopted: now they can be evicted
+    assert run.lookup(keys[4:8]) == [LookupResult.HIT] * 4  # adopted: the policy's now
     fill(primary, range(14, 18), seed=1)
     assert run.run(keys[14:18], range(14, 18), load=False).success
-    assert run.lookup(keys[4:8]) == [LookupResult.MISS] * 4  # the only known victims
-    assert run.lookup(keys[14:18]) == [LookupResult.HIT] * 4
+    # Chunks no lookup has met since the restart are the coldest: four of them went, not 4-7.
+    assert run.lookup(keys[4:8] + keys[14:18]) == [LookupResult.HIT] * 8
+    older = run.lookup(keys[:2] + keys[8:14])
+    assert older.count(LookupResult.MISS) == 4 and len(tier.store) == 12
     tier.shutdown()
 
 
@@ -343,9 +345,9 @@ def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monk
     tier.shutdown()
 
 
-def test_chunks_the_eviction_policy_refuses_are_reported_not_stored(drives, primary):
-    """Drives filled by another tenant, whose keys this tier never looks up: what the policy has no
-    room for is not stored, and the store job says so (vLLM must not count on this tier for it)."""
+def test_chunks_nobody_looks_up_make_room_for_this_engines(drives, primary):
+    """Drives filled by another tenant (or model), whose keys this tier never looks up: they are
+    evicted for this engine's chunks rather than holding the pool for good."""
     per_drive = 4 * (LAYOUT.block_bytes + 4096) + 4096  # 12 chunks over 3 drives
     fill(primary, range(16))
     keys = keys_for(16)
@@ -356,6 +358,24 @@ def test_chunks_the_eviction_policy_refuses_are_reported_not_stored(drives, prim
     assert tier.residency.unknown == 12
     run = JobRunner(tier)
     res = run.run(keys[12:], range(12, 16), load=False)
+    assert res.success and res.transfer_bytes == 4 * LAYOUT.block_bytes
+    assert run.lookup(keys[12:]) == [LookupResult.HIT] * 4
+    assert len(tier.store) == 12 and tier.residency.unknown == 8
+    tier.shutdown()
+    tier = open_tier(drives, primary, capacity_per_drive=per_drive, tenant="a")
+    assert JobRunner(tier).lookup(keys[:12]).count(LookupResult.HIT) == 8
+    tier.shutdown()
+
+
+def test_a_pool_too_small_for_a_chunk_reports_stores_not_stored(drives, primary):
+    """What the eviction policy has no room for is not stored, and the store job says so (vLLM must
+    not count on this tier for it)."""
+    fill(primary, range(4))
+    keys = keys_for(4)
+    tier = open_tier(drives, primary, capacity_per_drive=LAYOUT.block_bytes // 2)
+    assert tier.residency.capacity == 0
+    run = JobRunner(tier)
+    res = run.run(keys, range(4), load=False)
     assert not res.success and res.transfer_bytes == 0
-    assert run.lookup(keys[12:]) == [LookupResult.MISS] * 4
+    assert run.lookup(keys) == [LookupResult.MISS] * 4
     tier.shutdown()

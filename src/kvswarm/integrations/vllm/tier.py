@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -42,6 +42,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from kvswarm.catalog import Catalog
 from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
@@ -109,15 +110,21 @@ class Residency:
     store keys, counted in chunks (all chunks of one engine are the same size).
 
     Chunks already in the store when the tier opens (an earlier process wrote them) count
-    against the capacity, but their keys are unknown until a lookup meets them; until then
-    they cannot be chosen as victims, and they shrink the policy's room.  Used by the driver
-    thread only.
+    against the capacity, but their keys are unknown until a lookup meets them: until then they
+    cannot be the policy's victims.  When the policy is full they go first instead, oldest row
+    first (``delete_digest``): they are colder than anything this process touched, and may not even
+    be this engine's (another model's or tenant's chunks, whose keys never come up), which would
+    otherwise hold the pool for good.  Used by the driver thread only.
     """
 
-    def __init__(self, policy: str, capacity: int, existing: int) -> None:
+    def __init__(self, policy: str, capacity: int, catalog: Catalog, delete_digest: Callable[[bytes], bool]) -> None:
         self.capacity = capacity
-        self.unknown = min(existing, capacity)
+        self.unknown = min(len(catalog), capacity)
         self.policy = make_eviction(policy, capacity - self.unknown)
+        self._catalog, self._delete = catalog, delete_digest
+        self._opened_at = catalog.next_generation  # objects of older generations were there before
+        self._older = catalog.written_before(self._opened_at)
+        self._adopted: set[bytes] = set()  # digests of unknown chunks a lookup has met
 
     def seen(self, key: bytes) -> list[bytes]:
         """A lookup hit: refresh ``key``, adopting it if an earlier process stored it."""
@@ -125,11 +132,26 @@ class Residency:
             return []
         if self.unknown:
             self.unknown -= 1
+            self._adopted.add(KEY_DIGEST(key))
         return self.policy.resize(self.capacity - self.unknown) + self.policy.insert(key)
 
     def admit(self, key: bytes) -> list[bytes]:
         """A chunk about to be written; returns the victims (possibly ``key`` itself)."""
+        if self.unknown and len(self.policy) >= self.policy.capacity and self._reclaim():
+            self.policy.resize(self.capacity - self.unknown)
         return self.policy.insert(key)
+
+    def _reclaim(self) -> bool:
+        """Delete one chunk stored before the tier opened and not met since; False if none is left."""
+        for d in self._older:
+            e = self._catalog.get(d)
+            if e is None or e.generation >= self._opened_at or d in self._adopted:
+                continue  # gone, rewritten by this process, or adopted: the policy's business now
+            if self._delete(d):
+                self.unknown -= 1
+                return True
+        self.unknown = 0  # the rest were deleted meanwhile or adopted
+        return False
 
     def forget(self, key: bytes) -> None:
         self.policy.remove(key)
@@ -211,8 +233,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         # A follower evicts nothing (its writer owns the space): maxlen=0 drops them without a branch in lookup.
         self._seen: deque[bytes] = deque(maxlen=0 if follow else None)
         self._delete_after_write: set[bytes] = set()
-        self.residency = Residency(eviction, self._capacity_chunks(), len(self.store))
         self._evicted_since_flush = 0
+        self.residency = Residency(eviction, self._capacity_chunks(), self.store.catalog, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
@@ -504,6 +526,13 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._delete_after_write.discard(v)
             if self.store.delete(v):
                 self._evicted_since_flush += 1
+
+    def _delete_digest(self, digest: bytes) -> bool:
+        """Delete a chunk known by its digest only (:class:`Residency`); its space is reusable after a flush."""
+        if self.store.delete_digest(digest):
+            self._evicted_since_flush += 1
+            return True
+        return False
 
     def _flush(self) -> None:
         try:
