@@ -107,13 +107,19 @@ def test_corrupt_extent_is_a_miss_and_forgotten(drives, primary):
     tier.shutdown()
 
 
-def test_failed_drive_degrades_to_misses(drives, primary):
+def stored_then_drive_failed(drives, primary):
+    """A tier holding 9 chunks striped over the drives, then drive 1 out of service."""
     keys = keys_for(9)
     fill(primary, range(9))
     tier = open_tier(drives, primary)
     run = JobRunner(tier)
     assert run.run(keys, range(9), load=False).success
     tier.store.fail_drive(1)
+    return tier, run, keys
+
+
+def test_failed_drive_degrades_to_misses(drives, primary):
+    tier, run, keys = stored_then_drive_failed(drives, primary)
     res = run.run(keys, range(16, 25), load=True)
     assert not res.success and 0 < len(res.successful_keys) < 9
     more = keys_for(4, salt=1)
@@ -307,12 +313,7 @@ def test_a_failing_catalog_write_fails_its_store_job_not_the_tier(drives, primar
 
 
 def test_a_failing_delete_during_a_load_reports_the_verified_chunks(drives, primary, monkeypatch):
-    keys = keys_for(9)
-    fill(primary, range(9))
-    tier = open_tier(drives, primary)
-    run = JobRunner(tier)
-    assert run.run(keys, range(9), load=False).success
-    tier.store.fail_drive(1)
+    tier, run, keys = stored_then_drive_failed(drives, primary)
     healthy = {k for k in keys
                if tier.store.catalog.entries[key_digest(tier.keyspace.key(k))].extents[0][0] != 1}
     assert 0 < len(healthy) < 9
