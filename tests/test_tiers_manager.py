@@ -292,3 +292,18 @@ def test_prefix_larger_than_read_buffers_is_cut_not_crashed(tmp_path):
         tm.flush()
         assert serve(tm, ks) == [Tier.SSD] * 4  # the rest recomputed; next time the buffers are free again
         assert tm.counters["buffer_exhausted"] == 1
+
+
+def test_blocks_demoted_past_the_ssds_before_their_write_back_keep_their_bytes(tmp_path):
+    """Write-back with a small SSD pool: one insert pushes blocks from DRAM to the SSDs and on to the
+    capacity pool while their SSD writes are still queued.  Their bytes come from DRAM slots already
+    dropped, which must stay pinned until the capacity pool's write has copied them."""
+    with manager(tmp_path, dram_blocks=4, ssd=(1, 6), cap=(1, 64), write="write-back") as tm:
+        ks = keys_of(0, 20)
+        tm.insert(ks, [payload(k, i) for i, k in enumerate(ks)])
+        tm.flush()
+        cap = tm.stores[Tier.CAPACITY]
+        held = [(i, k) for i, k in enumerate(ks) if key_digest(k) in cap.catalog.entries]
+        assert held
+        for i, k in held:
+            assert cap.get(k) == bytes(payload(k, i))

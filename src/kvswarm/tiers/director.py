@@ -92,7 +92,8 @@ class TierDirector:
         self.counters: dict[str, int] = dict.fromkeys(
             ["requests", "blocks", "located_dram", "located_ssd", "located_capacity", "misses",
              "writes_dram", "writes_ssd", "writes_capacity", "evictions_dram", "evictions_ssd",
-             "evictions_capacity", "demotions", "promotions_ssd", "promotions_capacity", "lost_dram", "lost_ssd", "lost_capacity"], 0)
+             "evictions_capacity", "demotions", "promotions_ssd", "promotions_capacity", "lost_dram", "lost_ssd",
+             "lost_capacity"], 0)
 
     # ---- queries ---------------------------------------------------------------------------
     def has(self, tier: Tier) -> bool:

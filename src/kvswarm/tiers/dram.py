@@ -24,6 +24,10 @@ class Slot:
     def view(self) -> memoryview:
         return self.lease.view[:self.nbytes]
 
+    def pin(self) -> Slot:
+        self.pins += 1
+        return self
+
     def unpin(self) -> None:
         self.pins -= 1
         if self.dropped and self.pins == 0:
@@ -61,9 +65,7 @@ class DramTier:
 
     def pin(self, key: Hashable) -> Slot | None:
         s = self._slots.get(key)
-        if s is not None:
-            s.pins += 1
-        return s
+        return s.pin() if s is not None else None
 
     def drop(self, key: Hashable) -> bool:
         s = self._slots.pop(key, None)

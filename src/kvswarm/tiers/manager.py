@@ -377,8 +377,15 @@ class TierManager:
             self.counters["copy_failures"] += 1
             self.director.lost(digest, tier)
             return
-        # A DRAM block stays pinned until its put has copied it (its slot may be dropped meanwhile).
-        slot = self.dram.pin(digest) if src == Tier.DRAM else None
+        # A DRAM block stays pinned until its put has copied it (its slot may be dropped meanwhile),
+        # also when it comes by way of another pool's queued write (a block demoted further down
+        # before its own write-back went out): dropping that write unpins the slot it came from.
+        if src == Tier.DRAM:
+            slot = self.dram.pin(digest)
+        elif src in queued and (q := queued[src].get(digest)) is not None and q[2] is not None:
+            slot = q[2].pin()
+        else:
+            slot = None
         queued[tier][digest] = (key, data, slot)
         if len(queued[tier]) >= PUT_BATCH:
             self._submit(tier, queued[tier])
