@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import io
 import json
+import logging
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -29,11 +30,19 @@ import numpy as np
 import torch
 import xxhash
 
+from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import DriveError, KVSwarmError, LayoutMismatch
 from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
-from kvswarm.offload.grouping import Grouping, PageTable, entries_per_page, make_grouping
+from kvswarm.offload.grouping import (
+    Grouping,
+    PageTable,
+    entries_per_page,
+    make_grouping,
+)
 from kvswarm.store import KVStore
+
+log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [1, kv_heads, tokens, head_dim]
@@ -102,7 +111,12 @@ class StoreRead(FetchHandle):
     def __init__(self, store: KVStore, keys: Iterable[bytes]) -> None:
         self.t0 = time.perf_counter()
         keys = list(keys)
-        self.handle = store.submit_get(keys) if keys else None
+        try:
+            self.handle = store.submit_get(keys) if keys else None
+        except BufferPoolExhausted:  # more than the store's read buffers hold at once: all misses, recomputed
+            log.warning("kvswarm offload: a read of %d objects does not fit the store's buffer pool (%d B): "
+                        "recomputed instead; raise buffer_pool_bytes", len(keys), store.pool.capacity)
+            self.handle = None
         self._result: Fetched | None = None
 
     def poll(self) -> bool:
@@ -482,7 +496,11 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
         k, v = kv
         items = [(self.copy_key(layer, int(p), c), entries_array(k, v, table.pages[p])) for p in pages
                  for c in range(table.copies(int(p)))]
-        return sum(self.store.put_many(items))
+        try:
+            return sum(self.store.put_many(items))
+        except KVSwarmError as e:  # no healthy drive with room: the recomputed KV still serves this step
+            log.warning("kvswarm offload: layer %d: %d pages not repaired (%s)", layer, len(pages), e)
+            return 0
 
     def groups(self, layer):
         return self.tables[layer].pages
