@@ -307,3 +307,22 @@ def test_blocks_demoted_past_the_ssds_before_their_write_back_keep_their_bytes(t
         assert held
         for i, k in held:
             assert cap.get(k) == bytes(payload(k, i))
+
+
+def test_a_block_read_back_corrupt_leaves_its_pool_too(tmp_path):
+    """The director forgets a rejected block, and so does its store: its extents are not left taken,
+    counted by nobody (a restart would count it again, and fail it again)."""
+    with manager(tmp_path, cap=None) as tm:
+        ks = keys_of(0, 4)
+        serve(tm, ks)
+        tm.flush()
+        tm.clear_dram()
+        ssd = tm.stores[Tier.SSD]
+        path, off, _ = _extent_of(ssd, ks[2])
+        with open(path, "r+b") as f:
+            f.seek(off + 64 + 64 + 100)
+            f.write(b"\xff" * 8)
+        hit = tm.lookup(ks)  # looked up only: nothing is recomputed and written again
+        assert len(hit) == 2
+        hit.release()
+        assert key_digest(ks[2]) not in ssd.catalog.entries and len(ssd) == 3

@@ -154,7 +154,7 @@ class Prefetch:
             for idx in range(i, j):
                 v = r.views[idx - i]
                 if v is None or len(v) != mgr.config.block_bytes or not matches(v, self._keys[idx]):
-                    mgr.director.lost(self._digests[idx], t)
+                    mgr._lost_in_pool(self._digests[idx], t)
                     rejected += 1
                     usable = min(usable, idx)
                 elif idx < usable:
@@ -367,9 +367,19 @@ class TierManager:
             results.append(r)
             v = r.views[0]
         if v is None or (k := block_key(v)) is None or key_digest(k) != digest:
-            self.director.lost(digest, src)
+            self._lost_in_pool(digest, src)
             return None
         return v
+
+    def _lost_in_pool(self, digest: bytes, tier: Tier) -> None:
+        """A pool block read back missing, corrupt or not the block asked for: the director forgets
+        it, and its store drops it (else its extents stay taken, counted by nobody, until the key is
+        written again; a restart would count it again, and fail it again)."""
+        self.director.lost(digest, tier)
+        if self._pending[tier][digest]:
+            self._doomed[tier].add(digest)  # a newer write is in flight: dropped once it completes
+        else:
+            self.stores[tier].delete_digest(digest)
 
     def _queue(self, tier: Tier, digest: bytes, data, src: Tier | None, queued: dict) -> None:
         key = block_key(data)
