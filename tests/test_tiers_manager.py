@@ -326,3 +326,26 @@ def test_a_block_read_back_corrupt_leaves_its_pool_too(tmp_path):
         assert len(hit) == 2
         hit.release()
         assert key_digest(ks[2]) not in ssd.catalog.entries and len(ssd) == 3
+
+
+def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_durably(tmp_path):
+    """Demotion writes the block below and then drops it above: until the write below is back and
+    flushed, the copy above stays, so a failed write or a crash in between loses nothing."""
+    with manager(tmp_path, dram_blocks=0, ssd=(1, 16), cap=(1, 64)) as tm:
+        tm.director.resize(Tier.SSD, 4)  # the pool keeps 4 blocks; its drive has room for more
+        old, new = keys_of(0, 4), keys_of(1, 4)
+        serve(tm, old)
+        tm.flush()
+        ssd, cap = tm.stores[Tier.SSD], tm.stores[Tier.CAPACITY]
+        cap.engine = SlowEngine(cap.engine, 0.5)  # the capacity pool's writes are still out below
+        flushes = []
+        real_flush = cap.flush
+        cap.flush = lambda: (flushes.append(time.perf_counter()), real_flush())
+        serve(tm, new)  # the SSD pool (4 blocks) demotes the 4 old ones
+        assert all(key_digest(k) in ssd.catalog.entries for k in old)  # still above, write below in flight
+        t0 = time.perf_counter()
+        tm.flush()
+        assert flushes and flushes[0] >= t0
+        assert not any(key_digest(k) in ssd.catalog.entries for k in old)
+        cap.engine = cap.engine.inner
+        assert serve(tm, old) == [Tier.CAPACITY] * 4

@@ -211,6 +211,10 @@ class TierManager:
         self._puts: list[tuple[Tier, list[bytes], object]] = []
         self._pending: dict[Tier, Counter[bytes]] = {t: Counter() for t in POOL_TIERS}
         self._doomed: dict[Tier, set[bytes]] = {t: set() for t in POOL_TIERS}
+        # Per pool, blocks being copied into it from another pool that has dropped them (a demotion):
+        # digest -> that pool, whose copy is deleted only once this pool's copy is durable.
+        self._moving: dict[Tier, dict[bytes, Tier]] = {t: {} for t in POOL_TIERS}
+        self._queued: dict[Tier, dict[bytes, tuple]] | None = None  # _execute's queued writes, while it runs
         self._orphans: list[GetHandle] = []
         self._healthy = {t: sum(d.healthy for d in s.drives) for t, s in self.stores.items()}
         for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
@@ -290,6 +294,7 @@ class TierManager:
         results: list = []
         pre = self._preread(acts, results)
         queued: dict[Tier, dict[bytes, tuple]] = {t: {} for t in POOL_TIERS}
+        self._queued = queued  # for _submit: a full pool may wait on writes queued for the one below
         try:
             for a in acts:
                 if isinstance(a, Copy):
@@ -310,13 +315,20 @@ class TierManager:
                 elif (q := queued[a.tier].pop(a.key, None)) is not None:
                     if q[2] is not None:  # never written: release its DRAM pin
                         q[2].unpin()
+                    self._moved(a.tier, a.key)  # nor will be: a pool it was leaving lets it go now
                 elif self._pending[a.tier][a.key]:
                     self._doomed[a.tier].add(a.key)
+                elif (dst := next((t for t in POOL_TIERS if t != a.tier and (
+                        a.key in queued[t] or self._pending[t][a.key])), None)) is not None:
+                    # Demoted: this copy goes once the one below is durable, so a failed write or a
+                    # crash in between loses nothing.
+                    self._moving[dst][a.key] = a.tier
                 else:
                     self.stores[a.tier].delete_digest(a.key)
         finally:
             for t in POOL_TIERS:
                 self._submit(t, queued[t])
+            self._queued = None
             for r in results:
                 r.release()
 
@@ -423,14 +435,19 @@ class TierManager:
                         try:
                             h = store.submit_put([(k, v)])
                         except (DriveFull, BufferPoolExhausted):
-                            # Puts in flight hold staging buffers, and blocks dropped while their put
-                            # was in flight still hold extents: complete them, then try once more.
-                            self._reap(tier)
+                            # Puts in flight hold staging buffers, blocks dropped while their put was
+                            # in flight still hold extents, and so do blocks demoted to another pool
+                            # until their write there is durable: write, complete them all, try again.
+                            for other in POOL_TIERS:
+                                if other != tier and self._queued is not None:
+                                    self._submit(other, self._queued[other])
+                            self._reap()
                             h = store.submit_put([(k, v)])
                         register([d], h)
                     except (DriveFull, BufferPoolExhausted):
                         self.counters["put_failures"] += 1
                         self.director.lost(d, tier)
+                        self._moved(tier, d)
         finally:
             for _, (_, _, slot) in items:
                 if slot is not None:
@@ -440,6 +457,7 @@ class TierManager:
         """Complete the puts in flight (of one tier, or all; with ``wait=False`` only those already
         done) and free abandoned reads."""
         keep = []
+        landed: dict[Tier, list[bytes]] = {t: [] for t in POOL_TIERS}  # demoted blocks now written
         for t, ds, h in self._puts:
             if tier is not None and t != tier or not wait and not h.poll():
                 keep.append((t, ds, h))
@@ -451,10 +469,17 @@ class TierManager:
                     if d in self._doomed[t]:
                         self._doomed[t].discard(d)
                         self.stores[t].delete_digest(d)
+                    if d in self._moving[t]:
+                        landed[t].append(d)
                 if not ok:
                     self.counters["put_failures"] += 1
                     self.director.lost(d, t)
         self._puts = keep
+        for t, ds in landed.items():
+            if ds:
+                self.stores[t].flush()  # durable here before the copies above go
+                for d in ds:
+                    self._moved(t, d)
         if tier is None:
             left = []
             for h in self._orphans:
@@ -463,6 +488,13 @@ class TierManager:
                 else:
                     left.append(h)
             self._orphans = left
+
+    def _moved(self, tier: Tier, digest: bytes) -> None:
+        """``digest``'s copy into ``tier`` is durable, failed or cancelled: delete the copy in the pool
+        it was demoted from, unless that pool has taken the block back meanwhile."""
+        src = self._moving[tier].pop(digest, None)
+        if src is not None and digest not in self.director.tiers[src] and not self._pending[src][digest]:
+            self.stores[src].delete_digest(digest)
 
     def _check_health(self) -> None:
         """After a drive failure: forget its blocks and shrink the pool's capacity."""
