@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvswarm.planner.catalog import CatalogError, default_catalog_path, load_catalog, parse_catalog, tomllib
 from kvswarm.planner.cost import Mix, enumerate_mixes
-from kvswarm.planner.hits import HDD, MISS, SSD, DirectorHits, LRUHits, TierCaps, stack_distances
+from kvswarm.planner.hits import HDD, MISS, SSD, DirectorHits, LRUHits, TierCaps, _prefix_cut, stack_distances
 from kvswarm.planner.models import PRESETS, resolve_model
 from kvswarm.planner.project import Planner, PlanSettings
 from kvswarm.planner.search import pareto_front, search
@@ -147,6 +148,23 @@ def test_bad_traces(tmp_path):
     assert w.requests == 2 and w.ideal_hit_rate() == 0.0 and "no reuse" in w.notes[0]
 
 
+def test_trace_without_blocks_is_a_clear_error(tmp_path):
+    zero = tmp_path / "zero.csv"
+    zero.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,20\n"
+                    "2023-11-16 18:15:47.0000000,0,10\n")
+    nohash = tmp_path / "nohash.jsonl"
+    nohash.write_text('{"timestamp": 0, "input_length": 40, "output_length": 1, "hash_ids": []}\n')
+    for path in (zero, nohash):
+        with pytest.raises(WorkloadError, match="no request with a KV block"):
+            load_trace(path)
+    # Requests without blocks among others are fine: they just have nothing to look up.
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text(zero.read_text() + "2023-11-16 18:15:48.0000000,1000,5\n")
+    w = load_trace(mixed).scaled(2)
+    assert w.requests == 6 and len(LRUHits(w).served(TierCaps(0, 10, 0))) == 4
+    assert _prefix_cut(np.zeros(0, np.int8), np.zeros(0, np.int64)).tolist() == []
+
+
 @pytest.mark.parametrize("kw", [{"users": -1}, {"reuse": 1.5}, {"context": 0}, {"turn_tokens": -3}])
 def test_bad_workload_parameters(kw):
     args = dict(users=4, context=2000, turns=3, reuse=0.2, session_s=100, duration_s=300) | kw
@@ -233,6 +251,20 @@ def test_more_capacity_never_lowers_the_hit_rate(planner, cat):
         assert hit >= prev
         prev = hit
     assert prev > 0.5
+
+
+def test_drive_utilisation_is_against_the_drives_not_the_host_link(small, cat):
+    """A slow host link slows loads and saturates itself; the drives do the same work at their own rate."""
+    tiny_ssd = dataclasses.replace(cat.drives["pm9a3"], capacity_tb=0.007)  # ~100 blocks: the rest spill to HDD
+    mix = Mix(0, cat.dram["ddr5"], tiny_ssd, 1, cat.drives["exos_x20"], 4)
+    slow_link = dataclasses.replace(cat.links["gen4_x16"], lanes=1, efficiency=0.05)  # ~0.1 GB/s
+    fast, slow = (Planner(PlanSettings(small, resolve_model("Llama-3-8B"), cat.gpus["h100"], link, cat)).screen(mix)
+                  for link in (cat.links["gen5_x64"], slow_link))
+    assert fast.hit_rates["ssd"] > 0 and fast.hit_rates["hdd"] > 0
+    assert slow.ttft_mean_s > fast.ttft_mean_s and slow.saturated == ["host_link"]
+    for pool in ("ssd", "hdd"):
+        assert slow.utilisation[pool] == pytest.approx(fast.utilisation[pool]) and fast.utilisation[pool] < 0.1
+    assert slow.watts == pytest.approx(fast.watts)
 
 
 def test_simulation_replays_the_trace_with_queueing(planner, cat):

@@ -75,6 +75,14 @@ def test_empty_trace_and_broken_catalog(tmp_path, capsys):
     assert "[drives.pm9a3] is missing field(s) read_gbps" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("tenants", ["1", "3"])
+def test_trace_without_blocks_is_a_clear_error(tmp_path, capsys, tenants):
+    zero = tmp_path / "zero.csv"
+    zero.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,20\n")
+    assert main(["--trace", str(zero), "--tenants", tenants]) == 2
+    assert "no request with a KV block" in capsys.readouterr().out
+
+
 def test_scale_projection_finds_the_link_bound(tmp_path, capsys):
     out = tmp_path / "scale.json"
     assert main(["scale", "--drives", "1,4,16", "--links", "gen4_x16", "--placements", "round_robin",

@@ -195,6 +195,8 @@ class DirectorHits:
 
 def _prefix_cut(tier: np.ndarray, req: np.ndarray) -> np.ndarray:
     """Make every reference after a request's first miss a miss."""
+    if not len(tier):
+        return tier.copy()
     miss = tier == MISS
     # cumulative count of misses within each request
     csum = np.cumsum(miss)

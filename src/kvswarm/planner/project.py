@@ -142,8 +142,11 @@ class Planner:
         wr = self.hits.writes(caps) * b  # bytes written per request to the SSD and HDD pools
         link_bw = s.link.model().bandwidth
         gpu_bw = s.gpu.link().bandwidth
-        ssd_bw = min(mix.n_ssd * mix.ssd.read_gbps * 1e9, link_bw) if mix.n_ssd else 0.0
-        hdd_bw = min(mix.n_hdd * mix.hdd.read_gbps * 1e9, link_bw) if mix.n_hdd else 0.0
+        # A pool reads at the lower of its drives' aggregate rate and the host link's; the drives'
+        # busy share is against their own rate (the link's is counted in host_link).
+        ssd_read = mix.n_ssd * mix.ssd.read_gbps * 1e9 if mix.n_ssd else 0.0
+        hdd_read = mix.n_hdd * mix.hdd.read_gbps * 1e9 if mix.n_hdd else 0.0
+        ssd_bw, hdd_bw = min(ssd_read, link_bw), min(hdd_read, link_bw)
         ssd_b, hdd_b, dram_b = counts[:, SSD] * b, counts[:, HDD] * b, counts[:, DRAM] * b
         t_ssd = np.where(ssd_b > 0, (mix.ssd.read_latency_us * 1e-6 + ssd_b / ssd_bw) if mix.n_ssd else 0.0, 0.0)
         # An HDD positions once per block per drive it holds part of.
@@ -158,10 +161,11 @@ class Planner:
             if mix.n_ssd or mix.n_hdd else 0.0,
         }
         if mix.n_ssd:
-            util["ssd"] = (ssd_b.sum() / ssd_bw + wr[:, 0].sum() / (mix.n_ssd * mix.ssd.write_gbps * 1e9)) \
+            util["ssd"] = (ssd_b.sum() / ssd_read + wr[:, 0].sum() / (mix.n_ssd * mix.ssd.write_gbps * 1e9)) \
                 / self.duration
         if mix.n_hdd:
-            util["hdd"] = (t_hdd.sum() + wr[:, 1].sum() / (mix.n_hdd * mix.hdd.write_gbps * 1e9)) / self.duration
+            util["hdd"] = (counts[:, HDD].sum() / mix.hdd.read_iops + hdd_b.sum() / hdd_read
+                           + wr[:, 1].sum() / (mix.n_hdd * mix.hdd.write_gbps * 1e9)) / self.duration
         ttft = load + compute
         return self._finish(mix, caps, counts, cached, gpus, ttft, load, compute, util, "analytic")
 

@@ -41,6 +41,9 @@ class Workload:
             raise WorkloadError("block_tokens must be positive")
         if (self.input_len < 0).any() or (self.output_len < 0).any():
             raise WorkloadError(f"workload {self.name!r} has negative token counts")
+        if not any(len(b) for b in self.blocks):
+            raise WorkloadError(f"workload {self.name!r} has no request with a KV block (every input is empty "
+                                "or has no hash_ids): there is nothing to cache")
 
     @property
     def requests(self) -> int:
