@@ -36,3 +36,20 @@ def test_a_read_larger_than_the_buffer_pool_is_recomputed(drive_dirs):
         store.pool = type(store.pool)(4096)  # a pool too small for the layer's pages
         f = cache._fetch(1, seq.geometry.offloaded, StepStats(0))
         assert torch.equal(f.keys, kv[1][0][0][:, 4:N - 8])
+
+
+def test_two_models_offloading_the_same_tokens_keep_their_own_manifests(drive_dirs):
+    """Same tokens, geometry and salt, two models: each sequence reopens as its own, never as a
+    LayoutMismatch over the other's manifest."""
+    from dataclasses import replace
+
+    kv = _prompt_kv()
+    other = replace(LAYOUT, model_id="another-model")
+    with KVStore(StoreConfig(drive_dirs(1), capacity_per_drive=8 << 20, buffer_pool_bytes=4 << 20)) as store:
+        a = StoreSequence.create(store, kv, list(range(N)), LAYOUT, sinks=4, window=8)
+        b = StoreSequence.create(store, kv, list(range(N)), other, sinks=4, window=8)
+        assert a.seq_id != b.seq_id
+        for seq, lay in ((a, LAYOUT), (b, other)):
+            again = StoreSequence.open(store, lay, seq.seq_id)
+            f = again.fetch(0, again.geometry.offloaded)
+            assert not len(f.missing) and torch.equal(f.keys, kv[0][0][0][:, 4:N - 8])

@@ -405,8 +405,8 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
         geo = Geometry(n, sinks, window)
         grouper = make_grouping(grouping)
         cap = entries_per_page(page_bytes, layout.entry_bytes)
-        if seq_id is None:
-            seq_id = xxhash.xxh3_128_digest(tokens.tobytes() + json.dumps(
+        if seq_id is None:  # the layout too: the manifest's key has no fingerprint of its own
+            seq_id = xxhash.xxh3_128_digest(tokens.tobytes() + layout.fingerprint() + json.dumps(
                 [asdict(geo), page_bytes, grouper.describe()]).encode())
         off = geo.offloaded
         tables = []
