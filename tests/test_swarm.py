@@ -480,3 +480,201 @@ def test_store_sequence_keeps_replicas_as_page_copies(store):
     f = seq.fetch(0, off)
     assert not len(f.missing)
     torch.testing.assert_close(f.keys, data[0][0][0][:, off])
+
+
+# ---- layouts that differ key apart; placement, cache and layout edge cases -------------------------
+def test_reclustered_layout_does_not_overwrite_the_old_one(store):
+    """Two co-activation layouts of the same prompt are stored under different ids (the grouping's
+    describe() fingerprints the layout); an identical layout keys the same."""
+    from kvswarm.offload import StoreSequence
+
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=4)
+    off = np.arange(4, 84)
+
+    def layouts(seed):  # one clustering per seed (as after a re-clustering)
+        order = np.random.default_rng(seed).permutation(off) if seed else off
+        return {i: plan_layout(contiguous(order, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
+                for i in range(2)}
+
+    a, b = CoactivationGrouping(layouts(0)), CoactivationGrouping(layouts(1))
+    args = (store, data, list(range(100)), lay)
+    seq_a = StoreSequence.create(*args, sinks=4, window=16, page_bytes=16384, grouping=a)
+    seq_b = StoreSequence.create(*args, sinks=4, window=16, page_bytes=16384, grouping=b)
+    want = np.arange(4, 36)
+    for seq in (seq_a, seq_b):  # B's pages did not overwrite A's
+        f = seq.fetch(0, want)
+        assert not len(f.missing)
+        torch.testing.assert_close(f.keys, data[0][0][0][:, want])
+    assert seq_a.seq_id != seq_b.seq_id
+    assert a.describe() != b.describe() and a.describe() == CoactivationGrouping(layouts(0)).describe()
+    again = StoreSequence.create(*args, sinks=4, window=16, page_bytes=16384,
+                                 grouping=CoactivationGrouping(layouts(0)))
+    assert again.seq_id == seq_a.seq_id
+    # the replica assignment is part of the layout too
+    c = layouts(0)
+    c[1].pieces[0].drives.append((c[1].pieces[0].drives[0] + 1) % 3)
+    assert CoactivationGrouping(c).describe() != a.describe()
+
+
+def test_swarm_sequence_default_id_follows_the_layout(store):
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=5)
+    off = np.arange(4, 84)
+
+    def layouts(seed):
+        order = np.random.default_rng(seed).permutation(off) if seed else off
+        return [plan_layout(contiguous(order, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
+                for _ in range(2)]
+
+    a = SwarmSequence.create(store, data, list(range(100)), lay, layouts(0))
+    b = SwarmSequence.create(store, data, list(range(100)), lay, layouts(1))
+    assert a.seq_id != b.seq_id
+    assert SwarmSequence.create(store, data, list(range(100)), lay, layouts(0)).seq_id == a.seq_id
+    want = np.arange(4, 36)
+    torch.testing.assert_close(a.fetch(0, want).keys, data[0][0][0][:, want])
+    torch.testing.assert_close(SwarmSequence.open(store, lay, a.seq_id).fetch(1, want).values,
+                               data[1][1][0][:, want])
+
+
+def test_cost_benefit_ghosts_trim_terminates_and_keeps_residents():
+    cb = CostBenefit(100, ghosts=4)
+    for k in range(8):  # residents beyond the ghost limit: their counts stay, nothing spins
+        cb.record(k)
+        cb.insert(k, 1)
+    assert all(cb.freq(k) == pytest.approx(1.0) for k in range(8))
+    for g in ("g0", "g1", "g2", "g3", "g4"):
+        cb.record(g)
+    assert cb.freq("g4") == pytest.approx(1.0)  # the newest ghost is kept ...
+    assert cb.freq("g0") == 0.0 and cb.freq("g1") == pytest.approx(1.0)  # ... the oldest one goes
+    cb.remove(0)  # a resident that leaves becomes a ghost (its count kept, the oldest ghost goes)
+    assert cb.freq(0) == pytest.approx(1.0) and cb.freq("g1") == 0.0
+    cb.record("g2")  # a ghost read again is the newest
+    cb.record("g5")
+    assert cb.freq("g2") == pytest.approx(2.0) and cb.freq("g3") == 0.0
+    cb.insert("g4", 1)  # admitted: no longer a ghost
+    for g in range(10, 14):
+        cb.record(f"x{g}")
+    assert cb.freq("g4") == pytest.approx(1.0) and cb.freq(0) == 0.0
+    assert len([k for k in cb._fref if k not in cb]) <= 4
+    none = CostBenefit(10, ghosts=0)
+    none.insert("r", 1)
+    none.record("r")
+    none.record("x")
+    assert none.freq("r") == 1.0 and none.freq("x") == 0.0
+
+
+@pytest.mark.parametrize("decay", [0.5, 0.1, 1e-300])
+def test_cost_benefit_small_decay_does_not_overflow(decay):
+    cb = CostBenefit(10, decay=decay)
+    cb.insert("a", 1)
+    cb.insert("b", 2)
+    for _ in range(5000):
+        cb.record("a")
+        cb.tick()
+    cb.record("b", 3.0)
+    assert cb.freq("b") == pytest.approx(3.0)
+    assert cb.freq("a") == pytest.approx(decay / (1 - decay), rel=1e-6)  # sum of decay**k, k >= 1
+    assert list(cb) == (["a", "b"] if cb.score("a", 1) < cb.score("b", 2) else ["b", "a"])
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="decay"):
+            CostBenefit(10, decay=bad)
+
+
+def test_replica_never_lands_on_its_primary_drive(store):
+    """A replica whose hinted drive is unavailable goes to another drive than its primary's."""
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=6)
+    off = np.arange(4, 84)
+    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
+               for _ in range(2)]
+    for lay_ in layouts:  # primary on drive 0, replica hinted to drive 2 (failed: 2 % 2 -> drive 0)
+        for p in lay_.pieces:
+            p.drives[:] = [0, 2]
+    store.fail_drive(2)
+    seq = SwarmSequence.create(store, data, list(range(100)), lay, layouts)
+    ents = store.catalog.entries
+    for layer in range(2):
+        for i in range(len(layouts[layer].pieces)):
+            d = [ents[key_digest(seq.key(layer, i, c))].extents[0][0] for c in range(2)]
+            assert d == [0, 1]
+    # the primary's own hint unavailable: it moves, and its replica avoids where it went
+    pl = SwarmPlacement()
+    from kvswarm.swarm.layout import copy_hints
+
+    h = copy_hints([3, 0])
+    first = pl.place(b"", 1, views(3), h[0])
+    assert pl.place(b"", 1, views(3), h[1]) != first
+    h = copy_hints([2, 0])
+    assert pl.place(b"", 1, views(2), h[0]) != pl.place(b"", 1, views(2), h[1])
+
+
+def test_swarm_sequence_drops_a_replica_with_no_other_drive(store):
+    """Only one drive left: a replica would share its primary's drive, so it is not kept."""
+    lay = KVLayout(2, 2, 8, "float32")
+    data = kv(seed=7)
+    off = np.arange(4, 84)
+    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
+               for _ in range(2)]
+    for lay_ in layouts:
+        for p in lay_.pieces:
+            p.drives[:] = [0, 1]
+    store.fail_drive(1)
+    store.fail_drive(2)
+    seq = SwarmSequence.create(store, data, list(range(100)), lay, layouts)
+    assert all(p.drives == [0] for lay_ in seq.layouts for p in lay_.pieces)
+    assert all(p.drives == [0, 1] for lay_ in layouts for p in lay_.pieces)  # the caller's layout is untouched
+    assert seq.object_count() == sum(len(lay_.pieces) for lay_ in layouts)
+    assert not store.contains(seq.key(0, 0, 1))
+    want = np.arange(4, 84)
+    torch.testing.assert_close(seq.fetch(1, want).keys, data[1][0][0][:, want])
+    again = SwarmSequence.open(store, lay, seq.seq_id)
+    assert all(p.drives == [0] for lay_ in again.layouts for p in lay_.pieces)
+
+
+def test_replicate_skips_a_piece_with_no_free_drive():
+    from scipy import sparse
+
+    from kvswarm.swarm.layout import _replicate
+
+    members = [np.arange(0, 8), np.arange(8, 16)]
+    cl = Clusters(members, np.array([0, 8]), np.zeros(2, bool), np.array([1.0, 1.0]))
+    act = sparse.csr_matrix(np.ones((4, 2), bool))
+    lay = LayerLayout(cl, [Piece(0, members[0], [0, 1]), Piece(1, members[1], [1])])
+    _replicate(lay, 2, 1536, 1.0, np.zeros((2, 4)), act.tocsc(), 4, lambda b: float(b))
+    assert lay.pieces[0].drives == [0, 1]  # both drives hold it already: no third copy
+    assert lay.pieces[1].drives == [1, 0]
+
+
+def test_balanced_layout_respects_max_piece_entries():
+    cl = Clusters([np.arange(3000)], np.array([1500]), np.zeros(1, bool), np.array([1.0]))
+    lay = plan_layout(cl, 2, 8, mode="balanced", piece_bytes=1 << 20, max_piece_entries=1365)
+    sizes = [len(p.positions) for p in lay.pieces]
+    assert max(sizes) <= 1365 and sum(sizes) == 3000 and len(sizes) == 3
+    assert {p.drives[0] for p in lay.pieces} == {0, 1}
+    small = plan_layout(contiguous(np.arange(64), 16), 4, 8, mode="balanced", piece_bytes=1 << 20)
+    assert [len(p.positions) for p in small.pieces] == [16] * 4  # small clusters stay whole
+
+
+def test_balanced_replication_needs_activity():
+    with pytest.raises(ValueError, match="activity"):
+        plan_layout(contiguous(np.arange(64), 16), 2, 8, mode="balanced", replicate=0.2)
+    plan_layout(contiguous(np.arange(64), 16), 2, 8, mode="balanced")  # no replication: fine
+
+
+def test_cluster_cache_key_covers_geometry_and_profile(tmp_path, monkeypatch):
+    from kvswarm.swarm import capture
+    from kvswarm.swarm.experiment import TextData, coactivation_clusters
+
+    monkeypatch.setattr(capture, "capture_dir", lambda: tmp_path)
+    cap = synthetic_capture()
+    cap.meta["cache_key"] = "synthetic"
+    for kw in ({}, {"window": 32}, {"sinks": 8}, {"profile_sparsity": 0.3}):
+        td = TextData(cap, "synthetic", profile_steps=6, **kw)
+        fresh = TextData(cap, "synthetic", profile_steps=6, **kw)
+        fresh.cap = synthetic_capture()  # no cache key: computed, not read back
+        got = coactivation_clusters(td, "partition", size=8)
+        want = coactivation_clusters(fresh, "partition", size=8)
+        for layer in range(td.layers):
+            assert sorted(np.concatenate(got[layer].members).tolist()) == td.off.tolist()
+            assert all((x == y).all() for x, y in zip(got[layer].members, want[layer].members))

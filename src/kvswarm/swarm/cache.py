@@ -9,7 +9,8 @@ Units (cluster pieces, pages) have different sizes here, so both policies take
   DRAM, where a read costs a fixed ``T_base`` (per-I/O latency, or 1/IOPS) plus ``s *
   T_transfer``.  The lowest score leaves first, and a newcomer is admitted only if it beats
   what it would displace (``admit``), so one-off reads of big units do not flush small hot
-  ones.  Frequencies are kept for at most ``ghosts`` non-resident units.
+  ones.  Frequencies are kept for every resident unit and for at most ``ghosts`` non-resident
+  ones (the most recently read or evicted); ``decay`` is in (0, 1].
 
 The simulator imports these like the tiers' own policies (``make_eviction("cost_benefit", n)``).
 """
@@ -17,6 +18,7 @@ The simulator imports these like the tiers' own policies (``make_eviction("cost_
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
@@ -42,11 +44,16 @@ class CostBenefit(EvictionPolicy):
     def __init__(self, capacity: int, t_base: float = 1.0, t_transfer: float = 0.0, decay: float = 0.98,
                  ghosts: int = 1 << 16) -> None:
         super().__init__(capacity)
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"cost_benefit decay must be in (0, 1], got {decay!r}")
         self.t_base, self.t_transfer, self.decay, self.ghosts = t_base, t_transfer, decay, ghosts
         self._size: dict[Key, int] = {}  # resident
         # Frequencies are kept scaled to epoch 0 (f * decay**-epoch): decay is the same for every
-        # key, so the order of scores never changes by itself and a lazy heap stays valid.
-        self._fref: OrderedDict[Key, float] = OrderedDict()
+        # key, so the order of scores never changes by itself and a lazy heap stays valid.  The
+        # scale is folded back into the counts before it passes 1e100 (or every 4096 steps).
+        self._fref: dict[Key, float] = {}
+        self._rescale_at = 4096 if decay == 1.0 else max(1, min(4096, int(100 * math.log(10) / -math.log(decay))))
+        self._ghost: OrderedDict[Key, None] = OrderedDict()  # non-resident keys with a count, oldest first
         self._heap: list[tuple[float, int, Key]] = []
         self._seq = 0
         self.epoch = 0
@@ -56,7 +63,7 @@ class CostBenefit(EvictionPolicy):
     def tick(self) -> None:
         """One decode step passed: older reads weigh ``decay`` less."""
         self.epoch += 1
-        if self.epoch >= 4096:  # rescale before decay**-epoch grows large
+        if self.epoch >= self._rescale_at:  # rescale before decay**-epoch grows large
             k = self.decay ** self.epoch
             for key in self._fref:
                 self._fref[key] *= k
@@ -71,15 +78,18 @@ class CostBenefit(EvictionPolicy):
     def record(self, key: Key, count: float = 1.0) -> None:
         """Count ``count`` reads of ``key`` (resident or not)."""
         self._fref[key] = self._fref.get(key, 0.0) + count * self.decay ** -self.epoch
-        self._fref.move_to_end(key)
         if key in self._size:
             self._push(key)
-        while len(self._fref) > self.ghosts:
-            k = next(iter(self._fref))
-            if k in self._size:  # never forget a resident's count; drop the oldest ghost instead
-                self._fref.move_to_end(k)
-                continue
-            del self._fref[k]
+        else:
+            self._to_ghost(key)
+
+    def _to_ghost(self, key: Key) -> None:
+        """``key`` (with a count, not resident) is now the newest ghost; the oldest beyond
+        ``ghosts`` are forgotten (residents' counts never are)."""
+        self._ghost[key] = None
+        self._ghost.move_to_end(key)
+        while len(self._ghost) > self.ghosts:
+            del self._fref[self._ghost.popitem(last=False)[0]]
 
     def score(self, key: Key, size: int) -> float:
         return (self.freq(key) * self.t_base + size * self.t_transfer) / max(size, 1)
@@ -126,12 +136,14 @@ class CostBenefit(EvictionPolicy):
         if size > self.capacity:
             return [key]
         out = self._victims(size)
-        for k in out:
-            self.used -= self._size.pop(k)
+        self._ghost.pop(key, None)
         self._size[key] = size
         self.used += size
         self._fref.setdefault(key, 0.0)
         self._push(key)
+        for k in out:
+            self.used -= self._size.pop(k)
+            self._to_ghost(k)
         return out
 
     def touch(self, key: Key) -> bool:
@@ -141,6 +153,7 @@ class CostBenefit(EvictionPolicy):
     def remove(self, key: Key) -> bool:
         if key in self._size:
             self.used -= self._size.pop(key)
+            self._to_ghost(key)
             return True
         return False
 
@@ -148,6 +161,7 @@ class CostBenefit(EvictionPolicy):
         item = self._pop_valid()
         assert item is not None
         self.used -= self._size.pop(item[2])
+        self._to_ghost(item[2])
         return item[2]
 
     def __contains__(self, key: object) -> bool:

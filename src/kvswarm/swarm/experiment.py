@@ -32,7 +32,7 @@ from kvswarm.swarm.capture import DecodeCapture
 from kvswarm.swarm.cluster import Clusters, cluster_heat, contiguous, make_clusterer
 from kvswarm.swarm.coact import cograph, incidence
 from kvswarm.swarm.index import ClusterSelector, LayerAllocation
-from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, plan_layout
+from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, copy_hints, plan_layout
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
 SINKS, WINDOW = 4, 64
@@ -43,6 +43,7 @@ class TextData:
     def __init__(self, cap: DecodeCapture, label: str, sinks: int = SINKS, window: int = WINDOW,
                  profile_steps: int = 32, profile_sparsity: float = 0.1) -> None:
         self.cap, self.label, self.sinks, self.window = cap, label, sinks, window
+        self.profile_sparsity = profile_sparsity
         self.off = cap.offloaded(sinks, window)
         self.n = len(self.off)
         self.base = int(self.off[0])
@@ -81,13 +82,16 @@ class TextData:
 
 # ---- clusters of a text -------------------------------------------------------------------
 def _cached(td: TextData, name: str, make: Callable[[], dict[int, Clusters]]) -> dict[int, Clusters]:
-    """Per-layer clusters of a captured text, computed once (derived data next to the captures)."""
-    from kvswarm.swarm.capture import capture_dir
+    """Per-layer clusters of a captured text, computed once (derived data next to the captures),
+    keyed by everything they depend on: the capture, the offloaded range (sinks, window) and the
+    profile (steps, sparsity), and the clusterer (``name``)."""
+    from kvswarm.swarm import capture
 
     key = td.cap.meta.get("cache_key")
     if not key:
         return make()
-    path = capture_dir() / "derived" / f"{key}-p{td.profile_steps}-{name}-v1.npz"
+    profile = f"s{td.sinks}-w{td.window}-p{td.profile_steps}-ps{td.profile_sparsity:g}"
+    path = capture.capture_dir() / "derived" / f"{key}-{profile}-{name}-v1.npz"
     if path.exists():
         with np.load(path, allow_pickle=False) as z:
             return {layer: Clusters.from_arrays(z, suffix=str(layer)) for layer in range(td.layers)}
@@ -281,7 +285,7 @@ def simulated_drives(layouts: list[LayerLayout], drives: int) -> list[list[list[
     """Drive of every copy as SwarmPlacement would place them on ``drives`` empty drives, in write order."""
     pl = SwarmPlacement()
     views = [DriveView(i, 1 << 40, True) for i in range(drives)]
-    return [[[pl.place(b"", 1, views, h)[0] for h in p.drives] for p in lay.pieces] for lay in layouts]
+    return [[[pl.place(b"", 1, views, h)[0] for h in copy_hints(p.drives)] for p in lay.pieces] for lay in layouts]
 
 
 def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: DriveModel,

@@ -15,17 +15,21 @@ contiguously so that reading a cluster costs at most one I/O per drive it spans.
 
 Drive numbers are hints to :class:`SwarmPlacement` (registered as ``"swarm"``); the actual
 drive of every copy is read back from the store's catalog, so spills and failed drives stay
-coherent.  :class:`CoactivationGrouping` exposes the pieces through the offload package's
-``Grouping`` interface (each entry in one group; a piece's replicas as the group's copies).
+coherent.  The copies of one piece are written with :func:`copy_hints`, so a copy whose hinted
+drive is unavailable avoids the drives its other copies went to.  :class:`CoactivationGrouping`
+exposes the pieces through the offload package's ``Grouping`` interface (each entry in one
+group; a piece's replicas as the group's copies); its ``describe()`` fingerprints the layout
+(:func:`layout_fingerprint`), so two layouts of one prompt are stored under different ids.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import xxhash
 from scipy import sparse
 
 from kvswarm.offload.grouping import Group, Grouping, register as register_grouping
@@ -41,10 +45,37 @@ class StripeHint:
 STRIPE = StripeHint()
 
 
+@dataclass(eq=False)
+class CopyHint:
+    """The hint of one copy of a piece (``copy_hints``): ``hint`` as for :class:`SwarmPlacement`,
+    and ``placed``, shared by the piece's copies, the drives the copies written before it went to
+    (filled in by the placement; the store places a batch's objects in order)."""
+
+    hint: object
+    placed: list[int]
+
+
+def copy_hints(hints: Sequence[object]) -> list[object]:
+    """Placement hints for the copies of one piece (its ``drives``, the primary first): plain
+    hints for a single copy, else :class:`CopyHint` sharing where the earlier copies went."""
+    if len(hints) < 2:
+        return list(hints)
+    placed: list[int] = []
+    return [CopyHint(h, placed) for h in hints]
+
+
+def _is_drive(hint: object) -> bool:
+    return isinstance(hint, (int, np.integer)) and not isinstance(hint, bool)
+
+
 @register_placement
 class SwarmPlacement(PlacementStrategy):
     """Honours a drive number as hint, ``StripeHint`` takes the global pointer's next drive,
-    no hint stripes round robin (RAID-0).  An unavailable drive falls to the next available one."""
+    no hint stripes round robin (RAID-0).  An unavailable drive falls to an available one.
+
+    A :class:`CopyHint` (one copy of a replicated piece) never goes to a drive that holds an
+    earlier copy of the same piece while another drive is available; with no other drive it
+    shares one (the store must write it; ``SwarmSequence.create`` then drops it)."""
 
     name = "swarm"
 
@@ -52,17 +83,23 @@ class SwarmPlacement(PlacementStrategy):
         self._ptr = itertools.count()
 
     def place(self, digest, parts, drives: Sequence[DriveView], hint=None):
+        if isinstance(hint, CopyHint):
+            out = self._place(parts, drives, hint.hint, set(hint.placed))
+            hint.placed.extend(out)
+            return out
+        return self._place(parts, drives, hint, set())
+
+    def _place(self, parts: int, drives: Sequence[DriveView], hint, avoid: set[int]) -> list[int]:
         n = len(drives)
-        if isinstance(hint, (int, np.integer)) and not isinstance(hint, bool):
+        free = {v.index for v in drives} - avoid or {v.index for v in drives}
+
+        def walk(start: int) -> int:  # the first drive from ``start`` on that no sibling holds
+            return next(drives[(start + i) % n].index for i in range(n) if drives[(start + i) % n].index in free)
+
+        if _is_drive(hint):
             want = int(hint)
-            if any(v.index == want for v in drives):
-                return [want] * parts
-            return [drives[want % n].index] * parts
-        start = next(self._ptr)
-        out = [drives[(start + i) % n].index for i in range(parts)]
-        for _ in range(parts - 1):
-            next(self._ptr)
-        return out
+            return [want if want in free else walk(want)] * parts
+        return [walk(next(self._ptr)) for _ in range(parts)]
 
 
 @dataclass
@@ -109,11 +146,13 @@ def plan_layout(clusters: Clusters, drives: int, entry_bytes: int, *, mode: str 
     """Pieces and drive hints for one layer's clusters.
 
     ``activity`` [steps, clusters] (0/1: cluster active at a profile step) drives the balanced
-    placement; ``cost(nbytes)`` is one read's drive time (default: bytes).  ``max_piece_entries``
-    caps a piece (the store's page capacity).
+    placement (and is needed to replicate); ``cost(nbytes)`` is one read's drive time (default:
+    bytes).  ``max_piece_entries`` caps a piece (the store's page capacity): no piece is larger.
     """
     if mode not in ("stripe", "balanced", "raid0"):
         raise ValueError(f"layout mode must be stripe, balanced or raid0, got {mode!r}")
+    if mode == "balanced" and replicate > 0 and activity is None:
+        raise ValueError("balanced replication (replicate > 0) needs the profile's activity [steps, clusters]")
     cap = max_piece_entries or 1 << 30
     pieces: list[Piece] = []
     if mode in ("stripe", "raid0"):
@@ -131,7 +170,8 @@ def plan_layout(clusters: Clusters, drives: int, entry_bytes: int, *, mode: str 
     order = np.argsort(-(clusters.heat * clusters.sizes), kind="stable")
     for c in order:
         m = clusters.members[c]
-        parts = min(drives, -(-len(m) // per_piece))
+        # Near piece_bytes per I/O on distinct drives, but never above the cap.
+        parts = max(min(drives, -(-len(m) // per_piece)), -(-len(m) // cap))
         chunks = _split(m, parts)
         if act is not None and clusters.heat[c] > 0:
             a = np.zeros(max(1, steps))
@@ -142,7 +182,7 @@ def plan_layout(clusters: Clusters, drives: int, entry_bytes: int, *, mode: str 
         for ch in sorted(chunks, key=len, reverse=True):
             w = cost(len(ch) * entry_bytes)
             score = load @ a + 1e-9 * load.sum(1)
-            score[taken] = np.inf
+            score[taken[len(taken) - len(taken) % drives:]] = np.inf  # more pieces than drives: rounds
             d = int(np.argmin(score))
             taken.append(d)
             load[d] += w * a
@@ -155,7 +195,9 @@ def plan_layout(clusters: Clusters, drives: int, entry_bytes: int, *, mode: str 
 
 def _replicate(layout: LayerLayout, drives: int, entry_bytes: int, share: float, load: np.ndarray, act,
                steps: int, cost) -> None:
-    """Second copies for the clusters with the most reads per byte, on the drives that overlap least."""
+    """Second copies for the clusters with the most reads per byte, on the drives that overlap least.
+    A replica never shares a drive with another copy of its piece: a piece whose copies already
+    cover every drive gets none (and spends no budget)."""
     cl = layout.clusters
     total = sum(len(p.positions) for p in layout.pieces)
     budget = share * total
@@ -163,24 +205,55 @@ def _replicate(layout: LayerLayout, drives: int, entry_bytes: int, share: float,
     for c in np.argsort(-benefit, kind="stable"):
         if cl.heat[c] <= 0 or budget < cl.sizes[c]:
             continue
-        budget -= cl.sizes[c]
         a = np.zeros(max(1, steps))
         a[act[:, c].indices] = 1.0
         used = {p.drives[0] for p in (layout.pieces[i] for i in layout.cluster_pieces[c])}
         for i in layout.cluster_pieces[c]:
             p = layout.pieces[i]
+            own = [d for d in p.drives if _is_drive(d)]
+            if len(set(own)) >= drives:
+                continue
             score = load @ a + 1e-9 * load.sum(1)
-            score[list(used | set(p.drives))] = np.inf
+            score[list(used | set(own))] = np.inf
             if np.isinf(score).all():
                 score = load @ a
-                score[p.drives] = np.inf
+                score[own] = np.inf
             d = int(np.argmin(score))
             used.add(d)
+            budget -= len(p.positions)
             # A replica takes half the expected reads of its piece from the primary's drive.
             w = 0.5 * cost(len(p.positions) * entry_bytes)
             load[d] += w * a
             load[p.drives[0]] -= w * a
             p.drives.append(d)
+
+
+NO_HINT, STRIPE_HINT = -1, -2  # drive hints that are not drive numbers, as integers
+
+
+def hint_codes(hints: Sequence[object]) -> list[int]:
+    """Drive hints as integers (``STRIPE_HINT`` for the stripe pointer, ``NO_HINT`` for none)."""
+    return [STRIPE_HINT if h is STRIPE else NO_HINT if h is None else int(h) for h in hints]
+
+
+def layout_fingerprint(layouts: Mapping[int, LayerLayout] | Sequence[LayerLayout]) -> bytes:
+    """16 bytes that identify per-layer layouts as stored: every piece's cluster, positions in
+    storage order and copies' drive hints, per layer.  Equal layouts give equal fingerprints."""
+    items = layouts.items() if isinstance(layouts, Mapping) else enumerate(layouts)
+    h = xxhash.xxh3_128()
+    for layer, lay in sorted(items, key=lambda kv: kv[0]):
+        pieces = lay.pieces
+        hints = [hint_codes(p.drives) for p in pieces]
+        h.update(np.array([layer, len(pieces)], np.int64).tobytes())
+        for arr in (np.array([p.cluster for p in pieces], np.int64),
+                    np.array([len(p.positions) for p in pieces], np.int64),
+                    np.concatenate([np.asarray(p.positions, np.int64) for p in pieces]) if pieces
+                    else np.zeros(0, np.int64),
+                    np.array([len(x) for x in hints], np.int64),
+                    np.array([c for x in hints for c in x], np.int64)):
+            h.update(np.array([len(arr)], np.int64).tobytes())
+            h.update(arr.tobytes())
+    return h.digest()
 
 
 @register_grouping
@@ -200,13 +273,21 @@ class CoactivationGrouping(Grouping):
             raise ValueError("CoactivationGrouping needs per-layer layouts (swarm.layout.plan_layout)")
         self.layouts = layouts
 
+    def describe(self) -> str:
+        """The name and a fingerprint of the layouts (pieces, their order and drive hints): the
+        sequence id of a ``StoreSequence`` includes it, so another layout of the same prompt
+        (after re-clustering) does not overwrite this one's pages, and the same layout keys the same."""
+        return f"{self.name}/{layout_fingerprint(self.layouts).hex()}"
+
     def group(self, layer, positions, keys, capacity):
         seen = np.zeros(int(positions.max()) + 1 if len(positions) else 0, bool)
         out = []
         for p in self.layouts[layer].pieces:
             pos = p.positions[~seen[p.positions]]
             seen[pos] = True
-            out += [Group(pos[i:i + capacity], p.drives[0], list(p.drives[1:])) for i in range(0, len(pos), capacity)]
+            for i in range(0, len(pos), capacity):
+                hints = copy_hints(p.drives)
+                out.append(Group(pos[i:i + capacity], hints[0], hints[1:]))
         rest = positions[~seen[positions]]
         out += [Group(rest[i:i + capacity]) for i in range(0, len(rest), capacity)]
         return out

@@ -12,6 +12,8 @@ Store keys: ``b"kvsw/swarm/1/" + layout fingerprint + salt + sequence id + (laye
 the resident entries (sinks, window) per layer under the same prefix + ``b"r"``, and a manifest
 (geometry, tokens, clusters and pieces with their drive hints) under ``b"kvsw/swarmman/1/" +
 salt + sequence id``, so :meth:`SwarmSequence.open` finds the sequence again after a restart.
+The default sequence id hashes the tokens, sinks, window and the layouts' fingerprint, so two
+layouts of one prompt never share keys and the same layout always finds the same ones.
 A copy that is missing or fails its checksum is a miss (the cache recomputes), never data.
 """
 
@@ -48,11 +50,17 @@ from kvswarm.offload.sequence import (
 )
 from kvswarm.store import KVStore
 from kvswarm.swarm.cluster import Clusters
-from kvswarm.swarm.layout import STRIPE, LayerLayout, Piece
+from kvswarm.swarm.layout import (
+    NO_HINT,
+    STRIPE,
+    STRIPE_HINT,
+    LayerLayout,
+    Piece,
+    copy_hints,
+    hint_codes,
+    layout_fingerprint,
+)
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
-
-_NO_HINT, _STRIPE_HINT = -1, -2  # drive hints that are not drive numbers, in the manifest
-
 
 @dataclass
 class LayerStats:
@@ -151,7 +159,10 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
         tokens = np.asarray(token_ids, np.int64)
         _check_kv(kv, layout, len(tokens))
         geo = Geometry(len(tokens), sinks, window)
-        seq_id = seq_id or xxhash.xxh3_128_digest(tokens.tobytes() + repr((sinks, window, id(layouts))).encode())
+        # The same prompt with another layout (re-clustered) must not share keys with this one.
+        seq_id = seq_id or xxhash.xxh3_128_digest(tokens.tobytes() + repr((sinks, window)).encode()
+                                                  + layout_fingerprint(layouts))
+        layouts = list(layouts)  # the sequence's own: copies that found no drive of their own are dropped
         seq = cls(store, layout, geo, tokens, layouts, salt, seq_id, **kw)
         off = geo.offloaded
         for layer, (k, v) in enumerate(kv):
@@ -162,8 +173,9 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
             if not held[off].all():
                 raise ValueError(f"layer {layer}: the layout leaves offloaded entries without a piece")
             put_layer(store, layer, entries_array(k, v, np.arange(len(tokens), dtype=np.int64)),
-                      [(p.positions, p.drives) for p in lay.pieces],
+                      [(p.positions, copy_hints(p.drives)) for p in lay.pieces],
                       partial(seq.key, layer), seq.resident_key(layer), geo.resident, "pieces")
+            layouts[layer] = seq._drop_shared_copies(layer, lay)
             seq._keys.append(k[0, :, geo.off_start:geo.off_end].clone())
             seq._resident.append((k[0][:, geo.resident].clone(), v[0][:, geo.resident].clone()))
         if not store.put(cls.manifest_key(salt, seq_id), seq._manifest()):
@@ -172,6 +184,24 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
         seq._build_retrievers()
         return seq
 
+    def _drop_shared_copies(self, layer: int, lay: LayerLayout) -> LayerLayout:
+        """``lay`` without the trailing copies of a piece that went to a drive already holding an
+        earlier copy (no other drive was available): deleted from the store and not counted as
+        copies.  Returns ``lay`` itself when every copy has a drive of its own."""
+        ents = self.store.catalog.entries
+        pieces, dropped = [], False
+        for i, p in enumerate(lay.pieces):
+            where = [ents[key_digest(self.key(layer, i, c))].extents[0][0] for c in range(len(p.drives))]
+            n = len(where)
+            while n > 1 and where[n - 1] in where[:n - 1]:
+                n -= 1
+                self.store.delete(self.key(layer, i, n))
+            if n < len(where):
+                dropped = True
+                p = Piece(p.cluster, p.positions, list(p.drives[:n]))
+            pieces.append(p)
+        return LayerLayout(lay.clusters, pieces, lay.cluster_pieces) if dropped else lay
+
     def _manifest(self) -> bytes:
         meta = {"layout": asdict(self.layout), "fingerprint": self.layout.fingerprint().hex(),
                 "geometry": asdict(self.geometry)}
@@ -179,8 +209,7 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
                                          "tokens": self.token_ids}
         for i, lay in enumerate(self.layouts):
             cl = lay.clusters
-            hints = [[_STRIPE_HINT if h is STRIPE else _NO_HINT if h is None else int(h) for h in p.drives]
-                     for p in lay.pieces]
+            hints = [hint_codes(p.drives) for p in lay.pieces]
             arrays.update(cl.to_arrays("c", str(i)))
             arrays.update({
                 f"pc{i}": np.array([p.cluster for p in lay.pieces], np.int64),
@@ -208,7 +237,7 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
             split = lambda a, n: np.split(a, np.cumsum(n)[:-1]) if len(n) else []  # noqa: E731
             for i in range(layout.num_layers):
                 cl = Clusters.from_arrays(z, "c", str(i))
-                hints = [[STRIPE if h == _STRIPE_HINT else None if h == _NO_HINT else int(h) for h in hs.tolist()]
+                hints = [[STRIPE if h == STRIPE_HINT else None if h == NO_HINT else int(h) for h in hs.tolist()]
                          for hs in split(z[f"ph{i}"], z[f"pn{i}"])]
                 pieces = [Piece(int(c), pos, hs) for c, pos, hs in
                           zip(z[f"pc{i}"].tolist(), split(z[f"pp{i}"], z[f"ps{i}"]), hints)]
