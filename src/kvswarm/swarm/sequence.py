@@ -12,8 +12,9 @@ Store keys: ``b"kvsw/swarm/1/" + layout fingerprint + salt + sequence id + (laye
 the resident entries (sinks, window) per layer under the same prefix + ``b"r"``, and a manifest
 (geometry, tokens, clusters and pieces with their drive hints) under ``b"kvsw/swarmman/1/" +
 salt + sequence id``, so :meth:`SwarmSequence.open` finds the sequence again after a restart.
-The default sequence id hashes the tokens, sinks, window and the layouts' fingerprint, so two
-layouts of one prompt never share keys and the same layout always finds the same ones.
+The default sequence id hashes the tokens, sinks, window, the layouts' fingerprint and the
+model/layout fingerprint, so two layouts of one prompt, or two models, never share keys and the
+same layout always finds the same ones.
 A copy that is missing or fails its checksum is a miss (the cache recomputes), never data.
 """
 
@@ -159,9 +160,10 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
         tokens = np.asarray(token_ids, np.int64)
         _check_kv(kv, layout, len(tokens))
         geo = Geometry(len(tokens), sinks, window)
-        # The same prompt with another layout (re-clustered) must not share keys with this one.
+        # The same prompt with another layout (re-clustered), or of another model, must not share keys
+        # (the manifest's key has no model/layout fingerprint of its own).
         seq_id = seq_id or xxhash.xxh3_128_digest(tokens.tobytes() + repr((sinks, window)).encode()
-                                                  + layout_fingerprint(layouts))
+                                                  + layout_fingerprint(layouts) + layout.fingerprint())
         layouts = list(layouts)  # the sequence's own: copies that found no drive of their own are dropped
         seq = cls(store, layout, geo, tokens, layouts, salt, seq_id, **kw)
         off = geo.offloaded
