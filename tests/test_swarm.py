@@ -279,6 +279,15 @@ def store(drive_dirs):
     s.close()
 
 
+ENTRY_LAYOUT = KVLayout(2, 2, 8, "float32")
+
+
+def balanced_layouts() -> list:
+    """Two layers' balanced layouts of 8-entry clusters over 3 drives (offloaded positions 4-83)."""
+    return [plan_layout(contiguous(np.arange(4, 84), 8), 3, ENTRY_LAYOUT.entry_bytes, mode="balanced",
+                        piece_bytes=4096) for _ in range(2)]
+
+
 def kv(layers: int = 2, n: int = 100, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)) for _ in range(layers)]
@@ -377,11 +386,7 @@ def test_bench_strategies_estimate_and_replay(store):
 
 
 def test_preloaded_cache_serves_from_dram_after_load(store):
-    lay = KVLayout(2, 2, 8, "float32")
-    data = kv(seed=2)
-    off = np.arange(4, 84)
-    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
-               for _ in range(2)]
+    lay, data, layouts = ENTRY_LAYOUT, kv(seed=2), balanced_layouts()
     sizes = {i: np.array([len(p.positions) for p in layouts[i].pieces]) for i in range(2)}
     cache = UnitCache(CostBenefit(20), sizes)
     cache.preload(1, np.array([0, 1, 2]), np.array([5, 5, 5]))  # the third does not fit (capacity 20)
@@ -583,11 +588,7 @@ def test_cost_benefit_small_decay_does_not_overflow(decay):
 
 def test_replica_never_lands_on_its_primary_drive(store):
     """A replica whose hinted drive is unavailable goes to another drive than its primary's."""
-    lay = KVLayout(2, 2, 8, "float32")
-    data = kv(seed=6)
-    off = np.arange(4, 84)
-    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
-               for _ in range(2)]
+    lay, data, layouts = ENTRY_LAYOUT, kv(seed=6), balanced_layouts()
     for lay_ in layouts:  # primary on drive 0, replica hinted to drive 2 (failed: 2 % 2 -> drive 0)
         for p in lay_.pieces:
             p.drives[:] = [0, 2]
@@ -611,11 +612,7 @@ def test_replica_never_lands_on_its_primary_drive(store):
 
 def test_swarm_sequence_drops_a_replica_with_no_other_drive(store):
     """Only one drive left: a replica would share its primary's drive, so it is not kept."""
-    lay = KVLayout(2, 2, 8, "float32")
-    data = kv(seed=7)
-    off = np.arange(4, 84)
-    layouts = [plan_layout(contiguous(off, 8), 3, lay.entry_bytes, mode="balanced", piece_bytes=4096)
-               for _ in range(2)]
+    lay, data, layouts = ENTRY_LAYOUT, kv(seed=7), balanced_layouts()
     for lay_ in layouts:
         for p in lay_.pieces:
             p.drives[:] = [0, 1]

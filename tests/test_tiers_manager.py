@@ -122,17 +122,24 @@ def _extent_of(store, key):
     return os.path.join(store.drives[drv].path, "kvswarm.data"), off, ln
 
 
+def _stored_with_block_corrupt(tm: TierManager, ks: list[bytes], bad: int):
+    """Serve ``ks`` (stored on the SSDs), flush, clear DRAM, then flip KV bytes of block ``bad``
+    behind the store's back; returns the SSD pool's store."""
+    serve(tm, ks)
+    tm.flush()
+    tm.clear_dram()
+    ssd = tm.stores[Tier.SSD]
+    path, off, _ = _extent_of(ssd, ks[bad])
+    with open(path, "r+b") as f:
+        f.seek(off + 64 + 64 + 100)
+        f.write(b"\xff" * 8)
+    return ssd
+
+
 def test_corrupt_and_truncated_blocks_are_misses_then_recomputed(tmp_path):
     with manager(tmp_path, cap=None) as tm:
         ks = keys_of(0, 4)
-        serve(tm, ks)
-        tm.flush()
-        tm.clear_dram()
-        ssd = tm.stores[Tier.SSD]
-        path, off, _ = _extent_of(ssd, ks[2])
-        with open(path, "r+b") as f:  # flip KV bytes of block 2 behind the store's back
-            f.seek(off + 64 + 64 + 100)
-            f.write(b"\xff" * 8)
+        ssd = _stored_with_block_corrupt(tm, ks, 2)
         assert serve(tm, ks) == [Tier.SSD] * 2  # block 2 fails its checksum: the prefix stops there
         assert tm.counters["rejected"] == 1 and ssd.counters["corrupt"] == 1
         tm.clear_dram()
@@ -314,14 +321,7 @@ def test_a_block_read_back_corrupt_leaves_its_pool_too(tmp_path):
     counted by nobody (a restart would count it again, and fail it again)."""
     with manager(tmp_path, cap=None) as tm:
         ks = keys_of(0, 4)
-        serve(tm, ks)
-        tm.flush()
-        tm.clear_dram()
-        ssd = tm.stores[Tier.SSD]
-        path, off, _ = _extent_of(ssd, ks[2])
-        with open(path, "r+b") as f:
-            f.seek(off + 64 + 64 + 100)
-            f.write(b"\xff" * 8)
+        ssd = _stored_with_block_corrupt(tm, ks, 2)
         hit = tm.lookup(ks)  # looked up only: nothing is recomputed and written again
         assert len(hit) == 2
         hit.release()
