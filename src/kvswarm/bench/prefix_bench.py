@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvswarm.bench import write_json
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import HEADER_BYTES, PrefixKeyer, new_block
 from kvswarm.tiers import DRIVE_CLASSES, ComputeModel, CostAware, DriveCost, PrefetchPolicy, Tier
@@ -523,8 +524,7 @@ def run(args: argparse.Namespace) -> int:
                   f"on {results['cpus']} CPUs")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json(args.json, results)
         stem = os.path.splitext(args.json)[0]
         for p in plot(results, stem):
             console.print(f"plot: {p}")

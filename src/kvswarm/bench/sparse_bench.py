@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+
+from kvswarm.bench import write_json
 
 MiB = 1 << 20
 QUICK = {"tokens": 1024, "steps": 8}
@@ -441,8 +442,7 @@ def run(args: argparse.Namespace, lm=None) -> int:
     console.print(f"{results['seconds']:.0f} s in all")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=float)
+        write_json(args.json, results)
         png = os.path.splitext(args.json)[0] + ".png"
         plot(results, png)
         console.print(f"wrote {args.json} and {png}")

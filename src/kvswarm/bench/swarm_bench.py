@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvswarm.bench import write_json
 from kvswarm.io.throttle import DriveCaps
 from kvswarm.sparse.base import budget_for, small_ops
 from kvswarm.swarm.capture import DecodeCapture, TextSpec, cached_capture
@@ -777,8 +777,7 @@ def run(args: argparse.Namespace) -> int:
     out = bench(args, console)
     print_tables(out, args, console)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
+        write_json(args.json, out)
         plot(out, args, args.json)
         console.print(f"wrote {args.json} (+ plots)")
     return 0
