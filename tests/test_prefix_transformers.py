@@ -126,3 +126,30 @@ def test_corrupt_block_is_recomputed_and_output_unchanged(tmp_path, lm, prompt):
     assert tm.counters["rejected"] == 1
     assert pc.generate(prompt, 4).reused_tokens == 64  # the recomputed blocks were stored again
     tm.close()
+
+
+def test_a_failed_forward_pass_gives_back_the_restored_prefix(tmp_path, lm, prompt):
+    """The model raising after the prefix was restored must leave neither the hit's DRAM blocks pinned
+    nor its pool read buffers taken."""
+
+    class Failing:
+        config = lm.model.config
+
+        def __call__(self, **kw):
+            raise RuntimeError("forward pass failed")
+
+    tm = tiers(tmp_path, lm.layout)
+    pc = tp.PrefixCache(lm.model, lm.layout, tm)
+    pc.generate(prompt, 1)  # the prefix's four blocks: in DRAM and on the SSD pool
+    tm.flush()
+    pc.model = Failing()
+    with pytest.raises(RuntimeError, match="forward pass"):
+        pc.generate(prompt, 1)  # served from DRAM
+    assert sum(s.pins for s in tm.dram._slots.values()) == 0
+    tm.clear_dram()
+    with pytest.raises(RuntimeError, match="forward pass"):
+        pc.generate(prompt, 1)  # served from the SSD pool
+    assert tm.stores[Tier.SSD].pool.in_use == 0
+    pc.model = lm.model
+    assert pc.generate(prompt, 1, store=False).reused_tokens == 64
+    tm.close()

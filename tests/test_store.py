@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvswarm.store as store_mod
-from kvswarm import DriveError, DriveFull, KVStore, UnalignedBuffer
+from kvswarm import DriveError, DriveFull, FlushError, KVStore, KVSwarmError, UnalignedBuffer
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
 from kvswarm.io import IORequest, Op, make_engine
@@ -598,6 +598,95 @@ def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(tmp_path, 
         assert s.drives[0].alloc.free > free
 
 
+def _fdatasync_fails_on(monkeypatch, fd: int) -> list[int]:
+    """fdatasync of ``fd`` fails with EIO (a drive that could not write its cache back); the others sync.
+    Returns the fds synced, in order."""
+    real, synced = os.fdatasync, []
+
+    def fdatasync(f: int) -> None:
+        synced.append(f)
+        if f == fd:
+            raise OSError(5, "Input/output error")
+        real(f)
+
+    monkeypatch.setattr(store_mod.os, "fdatasync", fdatasync)
+    return synced
+
+
+def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp_path, backend, monkeypatch):
+    """A normal return vouches for every write before the flush: a drive whose fdatasync fails is taken
+    out and named by a FlushError, raised only after the other drives, the catalog and the frees made
+    durable are done.  The next flush has nothing new to report."""
+    paths = _dirs(tmp_path, 3)
+    with _open(paths, backend) as s:
+        items = [(b"f%d" % i, _payload(b"f%d" % i, 5000)) for i in range(9)]
+        assert all(s.put_many(items))
+        s.put(b"f0", b"x" * 5000)  # the first version's extent is freed at the next flush
+        free = sum(d.alloc.free for d in s.drives)
+        catalog_syncs = []
+        sync = s.catalog.sync
+        monkeypatch.setattr(s.catalog, "sync", lambda: (catalog_syncs.append(1), sync())[1])
+        synced = _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+        with pytest.raises(FlushError) as e:
+            s.flush()
+        assert e.value.drives == [1] and paths[1] in str(e.value)
+        assert synced == [d.fd for d in s.drives]  # the drives after the failed one too
+        assert catalog_syncs == [1] and sum(d.alloc.free for d in s.drives) > free
+        assert [d.healthy for d in s.drives] == [True, False, True]
+        s.flush()
+        assert all(s.put_many([(b"n%d" % i, b"q" * 100) for i in range(4)]))
+        s.flush()  # the failed drive took none of these
+        with s.get_many([k for k, _ in items[1:]]) as r:
+            on_1 = {k for k, _ in items[1:] if s.catalog.get(_digest(k)).extents[0][0] == 1}
+            for (k, v), got in zip(items[1:], r.views):
+                assert (got is None) if k in on_1 else bytes(got) == v
+
+
+def test_a_drive_failing_after_taking_writes_fails_the_next_flush(tmp_path, backend):
+    """Writes acknowledged on a drive that then fails (an I/O error, or taken out) before a flush were
+    never made durable: that flush fails.  A drive that failed holding only flushed writes does not."""
+    with _open(_dirs(tmp_path, 3), backend) as s:
+        assert all(s.put_many([(b"a%d" % i, b"a" * 100) for i in range(6)]))
+        s.flush()
+        s.fail_drive(2)
+        s.flush()
+        assert all(s.put_many([(b"b%d" % i, b"b" * 100) for i in range(6)]))  # on drives 0 and 1
+        s.fail_drive(1)
+        with pytest.raises(FlushError) as e:
+            s.flush()
+        assert e.value.drives == [1]
+        s.flush()
+
+
+def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_next_flush(tmp_path, backend,
+                                                                                       monkeypatch):
+    """A full pool flushes to reuse the space of deleted objects; a drive failing there does not fail
+    the put that needed the room, but the caller's next flush reports it."""
+    with _open(_dirs(tmp_path, 2), backend, capacity_per_drive=5 * 4096) as s:  # 4 extents per drive
+        keys = [b"p%d" % i for i in range(8)]
+        assert all(s.put_many([(k, b"v" * 100) for k in keys]))
+        assert all(d.free_bytes == 0 for d in s.drives)
+        for k in keys[:4]:
+            s.delete(k)
+        _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+        assert s.put(b"more", b"w" * 100)
+        assert not s.drives[1].healthy
+        with pytest.raises(FlushError):
+            s.flush()
+
+
+def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypatch, caplog):
+    paths = _dirs(tmp_path, 2)
+    s = _open(paths, backend)
+    assert all(s.put_many([(b"c%d" % i, b"c" * 100) for i in range(4)]))
+    _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+    s.close()
+    assert "fdatasync" in caplog.text
+    monkeypatch.undo()
+    with _open(paths, backend) as s:  # closed: the writer lock was let go, and the catalog kept
+        assert len(s) == 4
+
+
 def test_thread_workers_keep_their_own_handle_on_the_drive(tmp_path):
     """A worker stuck on a failing drive past close() must not later write into whatever file
     reuses the store's fd number: workers hold duplicates of it."""
@@ -615,3 +704,117 @@ def test_thread_workers_keep_their_own_handle_on_the_drive(tmp_path):
         pass
     assert req.result == 4096 and bytes(buf) == b"q" * 4096
     eng.close()
+
+
+def _fail_once(monkeypatch, obj, name: str, exc: BaseException) -> None:
+    """``obj.name`` raises ``exc`` on its first call, then behaves as before."""
+    orig, calls = getattr(obj, name), []
+
+    def flaky(*a, **kw):
+        if not calls:
+            calls.append(1)
+            raise exc
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(obj, name, flaky)
+
+
+KEYS8 = [b"k%d" % i for i in range(8)]
+
+
+def _pool_sized_for_one_batch(tmp_path, backend):
+    """A store whose buffer pool holds one batch of KEYS8 (832 KiB of a MiB), stored: a batch that kept its
+    lease makes the next one fail."""
+    s = _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB)
+    assert all(s.put_many([(k, _payload(k, 100_000)) for k in KEYS8]))
+    return s
+
+
+def _all_read_back(s) -> bool:
+    with s.get_many(KEYS8) as r:
+        return all(v is not None and bytes(v) == _payload(k, 100_000) for k, v in zip(KEYS8, r.views))
+
+
+@pytest.mark.parametrize("stage", ["engine", "verify", "finish"])
+def test_a_get_whose_wait_raises_gives_its_buffers_back(tmp_path, backend, monkeypatch, stage):
+    """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
+    that batch's buffers for good: they go back once none of its reads can still land there."""
+    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+        obj, name = {"engine": (s.engine, "wait"), "verify": (s, "_check_get"), "finish": (s, "_finish_get")}[stage]
+        _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
+        h = s.submit_get(KEYS8)
+        with pytest.raises(OSError, match="injected"):
+            h.wait()
+        assert s.pool.in_use == 0 and not s.engine.inflight()  # the reads were waited out, then let go
+        assert h.done
+        with pytest.raises(KVSwarmError, match="failed"):
+            h.wait()  # no result from buffers that went back
+        assert _all_read_back(s) and s.pool.in_use == 0
+        assert s.counters["quarantined"] == 0
+
+
+def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they_are(tmp_path, backend,
+                                                                                      monkeypatch):
+    """An engine that cannot say whether a batch's reads are over: its buffers stay out of the pool (a read
+    may still land there), counted, until its completions come in."""
+    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+        broken = [True]
+        poll, wait = s.engine.poll, s.engine.wait
+
+        def broken_poll(timeout=0.0):
+            if broken[0]:
+                raise OSError(5, "engine broken")
+            return poll(timeout)
+
+        def broken_wait(batch):
+            if broken[0]:
+                raise OSError(5, "engine broken")
+            return wait(batch)
+
+        monkeypatch.setattr(s.engine, "poll", broken_poll)
+        monkeypatch.setattr(s.engine, "wait", broken_wait)
+        h = s.submit_get(KEYS8)
+        with pytest.raises(OSError, match="broken"):
+            h.wait()
+        assert s.pool.in_use > 0 and s.counters["quarantined"] == 1
+        del h
+        broken[0] = False
+        assert _all_read_back(s)  # the pool is short: waits for the quarantined batch, then reuses its buffers
+        assert s.pool.in_use == 0
+
+
+@pytest.mark.parametrize("polled", [False, True])
+def test_a_get_dropped_without_wait_gives_its_buffers_back(tmp_path, backend, polled):
+    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+        h = s.submit_get(KEYS8)
+        while polled and not h.poll():  # its reads are back and verification has started
+            s.progress(0.01)
+        del h
+        assert _all_read_back(s) and s.pool.in_use == 0
+
+
+def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(tmp_path, backend, monkeypatch):
+    with _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB) as s:
+        items = [(k, _payload(k, 100_000)) for k in KEYS8]
+        free = [d.alloc.free for d in s.drives]
+        _fail_once(monkeypatch, s.engine, "wait", OSError(5, "injected"))
+        h = s.submit_put(items)
+        with pytest.raises(OSError, match="injected"):
+            h.wait()
+        assert s.pool.in_use == 0 and not s.engine.inflight() and len(s) == 0
+        assert [d.alloc.free for d in s.drives] == free  # nothing was stored: its extents are free again
+        assert s.counters["put_failures"] == len(items)
+        with pytest.raises(KVSwarmError, match="failed"):
+            h.wait()
+        assert all(s.put_many(items)) and _all_read_back(s) and s.pool.in_use == 0
+
+
+def test_a_put_dropped_without_wait_gives_back_its_buffers_and_extents(tmp_path, backend):
+    with _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB) as s:
+        items = [(k, _payload(k, 100_000)) for k in KEYS8]
+        free = sum(d.alloc.free for d in s.drives)
+        h = s.submit_put(items)
+        del h  # never completed: nothing stored, and its extents must not stay taken
+        assert all(s.put_many(items))  # the pool is short: waits for the dropped batch, then reuses its buffers
+        assert s.pool.in_use == 0 and _all_read_back(s)
+        assert sum(d.alloc.free for d in s.drives) == free - sum(s.object_bytes(100_000) for _ in items)

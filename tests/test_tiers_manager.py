@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from kvswarm.errors import DriveFull, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.io.base import IOEngine
 from kvswarm.layout import KVLayout
@@ -349,3 +350,239 @@ def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_du
         assert not any(key_digest(k) in ssd.catalog.entries for k in old)
         cap.engine = cap.engine.inner
         assert serve(tm, old) == [Tier.CAPACITY] * 4
+
+
+def _fdatasync_fails_on(monkeypatch, fd: int) -> None:
+    """fdatasync of ``fd`` fails with EIO (a drive that could not write its cache back); the others sync."""
+    real = os.fdatasync
+
+    def fdatasync(f: int) -> None:
+        if f == fd:
+            raise OSError(5, "Input/output error")
+        real(f)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+
+def _drain(store) -> None:
+    while store.engine.inflight():
+        store.engine.poll(0.01)
+
+
+def _writes_fail_on(store, drive: int):
+    """Every I/O ``store``'s engine does on ``drive`` fails (a directory's read-only fd), below the error
+    threshold that would take the drive out; returns ``heal()``, which waits for the I/O in flight first."""
+    good, bad = store.engine.fds[drive], os.open(store.drives[drive].path, os.O_RDONLY)
+    store.engine.fds[drive] = bad
+
+    def heal() -> None:
+        _drain(store)
+        store.engine.fds[drive] = good
+        os.close(bad)
+
+    return heal
+
+
+def _demoting(tmp_path) -> tuple[TierManager, list[bytes], list[bytes]]:
+    """A 4-block SSD pool holding 4 flushed blocks (``old``) over a 2-drive capacity pool: serving
+    ``new`` demotes the old ones, half of them onto each capacity drive."""
+    tm = manager(tmp_path, dram_blocks=0, ssd=(1, 16), cap=(2, 32))
+    tm.director.resize(Tier.SSD, 4)
+    old, new = keys_of(0, 4), keys_of(1, 4)
+    serve(tm, old)
+    tm.flush()
+    return tm, old, new
+
+
+def test_blocks_demoted_onto_a_drive_failing_its_flush_stay_on_the_ssds(tmp_path, monkeypatch):
+    """The capacity pool's flush that was to make demoted blocks durable fails on one drive: the blocks
+    written there keep their SSD copies (nothing raised, nothing lost), the others move down."""
+    tm, old, new = _demoting(tmp_path)
+    with tm:
+        cap = tm.stores[Tier.CAPACITY]
+        _fdatasync_fails_on(monkeypatch, cap.drives[1].fd)
+        serve(tm, new)
+        tm.flush()
+        assert not cap.drives[1].healthy
+        got = serve(tm, old)
+        assert len(got) == 4 and got.count(Tier.SSD) == 2 and got.count(Tier.CAPACITY) == 2
+
+
+def test_a_pool_drive_failing_its_flush_costs_its_blocks_not_the_call(tmp_path, monkeypatch):
+    """A drive failing its fdatasync in TierManager.flush: the cache degrades (the blocks written there are
+    forgotten, as any failed drive's) and the flush does not raise."""
+    with manager(tmp_path, dram_blocks=0, ssd=(2, 8), cap=None) as tm:
+        ssd = tm.stores[Tier.SSD]
+        _fdatasync_fails_on(monkeypatch, ssd.drives[1].fd)
+        ks = keys_of(0, 6)
+        serve(tm, ks)
+        tm.flush()
+        assert not ssd.drives[1].healthy
+        assert len(ssd) == 3 and all(e.extents[0][0] == 0 for e in ssd.catalog.entries.values())
+        assert tm.director.resident(Tier.SSD) == 3
+        assert serve(tm, ks) == [Tier.SSD]  # block 1 went to drive 1: the prefix stops there
+
+
+def test_a_block_whose_write_below_fails_stays_on_the_ssds(tmp_path):
+    tm, old, new = _demoting(tmp_path)
+    with tm:
+        heal = _writes_fail_on(tm.stores[Tier.CAPACITY], 1)
+        serve(tm, new)  # the writes of the old blocks onto capacity drive 1 fail
+        heal()
+        got = serve(tm, old)
+        assert len(got) == 4 and got.count(Tier.SSD) == 2
+        assert tm.counters["put_failures"] == 2 and tm.counters["moves_kept"] == 2
+        tm.flush()
+        for t, s in tm.stores.items():  # every block the director holds is in its pool, and no other
+            assert set(s.catalog.entries) == set(tm.director.tiers[t])
+
+
+def test_a_block_a_full_capacity_pool_refuses_stays_on_the_ssds(tmp_path):
+    """The capacity pool has no room left (filled behind the director's back): its puts fail at once,
+    and the blocks being demoted stay where they were."""
+    tm, old, new = _demoting(tmp_path)
+    with tm:
+        cap = tm.stores[Tier.CAPACITY]
+        with pytest.raises(DriveFull):
+            for i in range(100):
+                assert cap.put(b"other%d" % i, b"x" * BLOCK)
+        serve(tm, new)
+        assert serve(tm, old) == [Tier.SSD] * 4
+        assert tm.counters["moves_kept"] == 4 and tm.counters["moves_lost"] == 0
+
+
+def test_a_write_back_that_fails_leaves_the_block_in_dram(tmp_path):
+    with manager(tmp_path, dram_blocks=4, ssd=(1, 16), cap=None, write="write-back") as tm:
+        old, new = keys_of(0, 4), keys_of(1, 4)
+        serve(tm, old)  # in DRAM only
+        ssd = tm.stores[Tier.SSD]
+        heal = _writes_fail_on(ssd, 0)
+        serve(tm, new)  # DRAM evicts the old blocks: their write-backs fail
+        heal()
+        assert serve(tm, old) == [Tier.DRAM] * 4
+        assert tm.counters["moves_kept"] == 4
+        tm.flush()
+        assert len(ssd) == 8  # written back, now that the drive works
+
+
+def test_a_block_whose_move_fails_again_is_let_go_and_counted(tmp_path):
+    """A block kept after a failed move is its tier's next victim; if the retried move fails too, it goes
+    (counted), so a tier below that keeps failing costs a block per eviction, not a growing backlog."""
+    with manager(tmp_path, dram_blocks=4, ssd=(1, 16), cap=None, write="write-back") as tm:
+        old, new = keys_of(0, 4), keys_of(1, 4)
+        serve(tm, old)
+        ssd = tm.stores[Tier.SSD]
+        heal = _writes_fail_on(ssd, 0)
+        serve(tm, new)  # the old blocks' write-backs fail: they stay in DRAM, as its next victims
+        _drain(ssd)
+        serve(tm, keys_of(2, 1))  # DRAM evicts them again (and one new block): those write-backs fail too
+        heal()
+        assert serve(tm, old) == []  # let go
+        assert tm.counters["moves_kept"] == 5 and tm.counters["moves_lost"] == 4
+        assert len(tm.dram) == tm.director.resident(Tier.DRAM)
+
+
+def _pins(tm: TierManager) -> int:
+    return sum(s.pins for s in tm.dram._slots.values())
+
+
+def _ssd_then_dram(tm: TierManager) -> list[bytes]:
+    """Six blocks on the SSD pool, the last four in DRAM too: a prefetch of them reads two and pins four."""
+    ks = keys_of(0, 6)
+    serve(tm, ks)
+    tm.flush()
+    pf = tm.prefetch(ks)
+    assert _pins(tm) == 4 and tm.stores[Tier.SSD].pool.in_use > 0
+    pf.result().release(promote=False)
+    return ks
+
+
+def test_a_cancelled_prefetch_gives_back_its_pins_and_read_buffers(tmp_path):
+    with manager(tmp_path, cap=None) as tm:
+        ks = _ssd_then_dram(tm)
+        ssd = tm.stores[Tier.SSD]
+        pf = tm.prefetch(ks)
+        pf.cancel()  # the caller moved on: the reads may still be in flight
+        pf.cancel()
+        assert _pins(tm) == 0
+        with pytest.raises(KVSwarmError, match="cancelled"):
+            pf.result()
+        tm.flush()  # the abandoned reads are reaped once back
+        assert ssd.pool.in_use == 0
+        assert key_digest(ks[0]) not in tm.dram  # nothing was promoted from the abandoned reads
+        tm.clear_dram()
+        assert tm.dram.pool.in_use == 0  # no slot stayed pinned after its block left DRAM
+        assert serve(tm, ks) == [Tier.SSD] * 6
+
+
+def test_a_prefetch_left_by_an_exception_or_dropped_gives_back_its_pins(tmp_path):
+    with manager(tmp_path, cap=None) as tm:
+        ks = _ssd_then_dram(tm)
+        with pytest.raises(RuntimeError):
+            with tm.prefetch(ks):
+                raise RuntimeError("the caller failed before it needed the prefix")
+        assert _pins(tm) == 0
+        with tm.prefetch(ks) as pf:
+            hit = pf.result()
+        assert [bytes(v) for v in hit.views] == [bytes(payload(k, i)) for i, k in enumerate(ks)]  # still valid
+        hit.release(promote=False)
+        pf = tm.prefetch(ks)
+        del pf  # never consumed: unpinned at the next request
+        assert serve(tm, keys_of(1, 2)) == []
+        assert _pins(tm) == 0
+        tm.clear_dram()
+        tm.flush()
+        assert tm.dram.pool.in_use == 0 and tm.stores[Tier.SSD].pool.in_use == 0
+
+
+def _fail_once(monkeypatch, obj, name: str) -> None:
+    orig, calls = getattr(obj, name), []
+
+    def flaky(*a, **kw):
+        if not calls:
+            calls.append(1)
+            raise OSError(5, "injected")
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(obj, name, flaky)
+
+
+def test_a_prefetch_whose_read_fails_gives_back_its_pins_and_buffers(tmp_path, monkeypatch):
+    with manager(tmp_path, cap=None, chunk_blocks=1) as tm:
+        ks = _ssd_then_dram(tm)
+        ssd = tm.stores[Tier.SSD]
+        pf = tm.prefetch(ks)  # two one-block reads, four pins
+        _fail_once(monkeypatch, ssd.engine, "wait")
+        with pytest.raises(OSError, match="injected"):
+            pf.result()
+        assert _pins(tm) == 0
+        tm.flush()
+        assert ssd.pool.in_use == 0
+        assert serve(tm, ks) == [Tier.SSD] * 2 + [Tier.DRAM] * 4
+
+
+def test_an_abandoned_read_that_fails_does_not_fail_the_next_request(tmp_path, monkeypatch):
+    with manager(tmp_path, cap=None) as tm:
+        ks = _ssd_then_dram(tm)
+        ssd = tm.stores[Tier.SSD]
+        pf = tm.prefetch(ks)
+        while not pf.poll():  # read and verified: the next request reaps it first
+            time.sleep(0.001)
+        pf.cancel()
+        _fail_once(monkeypatch, ssd.engine, "wait")  # the abandoned read fails when reaped
+        assert serve(tm, ks) == [Tier.SSD] * 2 + [Tier.DRAM] * 4
+        tm.flush()
+        assert ssd.pool.in_use == 0
+
+
+def test_a_hit_whose_promotion_fails_still_gives_back_its_pins_and_buffers(tmp_path, monkeypatch):
+    with manager(tmp_path, cap=None) as tm:
+        ks = _ssd_then_dram(tm)
+        hit = tm.lookup(ks)
+        _fail_once(monkeypatch, tm, "_execute")
+        with pytest.raises(OSError, match="injected"):
+            hit.release()  # promoting the two SSD blocks fails
+        assert _pins(tm) == 0 and tm.stores[Tier.SSD].pool.in_use == 0
+        hit.release()
+        serve(tm, ks)  # right bytes (the director counted the promotion as done: the blocks are recomputed)
+        assert len(serve(tm, ks)) == 6

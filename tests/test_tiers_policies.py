@@ -82,6 +82,33 @@ def test_arc_and_s3fifo_resist_a_scan():
     assert kept["arc"] >= 6 and kept["s3fifo"] >= 6, kept
 
 
+@pytest.mark.parametrize("name", ["lru", "arc", "s3fifo"])
+def test_a_key_kept_back_displaces_nothing_and_goes_first_next_time(name):
+    """keep: a victim whose move down failed comes back without evicting another; the tier is one over
+    its capacity until its next insertion, which evicts that key first (retrying its move)."""
+    p = make_eviction(name, 4)
+    for k in "abcd":
+        assert p.insert(k) == []
+    v, = p.insert("e")
+    p.keep(v)
+    assert v in p and len(p) == 5
+    out = p.insert("f")
+    assert out[0] == v and len(p) == 4
+
+
+def test_director_keeps_a_block_whose_move_failed():
+    d = TierDirector([0, 2, 4])
+    for k in "abc":
+        d.admit(k)
+    assert d.locate("a") == Tier.CAPACITY  # demoted when c came in
+    d.lost("a", Tier.CAPACITY)  # its write there failed...
+    d.keep("a", Tier.SSD)  # ...so it stays on the SSDs, over their capacity
+    assert d.locate("a") == Tier.SSD and d.resident(Tier.SSD) == 3 and d.counters["kept_ssd"] == 1
+    acts = d.admit("x")
+    assert acts[:2] == [Copy("a", Tier.SSD, Tier.CAPACITY), Drop("a", Tier.SSD)]  # its move is tried again
+    assert d.resident(Tier.SSD) == 2
+
+
 def test_make_eviction_names():
     assert isinstance(make_eviction("s3fifo", 4), S3FIFO)
     with pytest.raises(ValueError):

@@ -13,6 +13,16 @@ class DriveFull(DriveError):
     """No drive has room for an object (ENOSPC on the pool)."""
 
 
+class FlushError(DriveError):
+    """A flush could not make everything written since the previous flush durable: ``drives`` (their
+    indices) failed, their fdatasync or another I/O, after taking such writes.  The flush did the rest
+    (the other drives and the catalog are synced), and the next flush reports only new failures."""
+
+    def __init__(self, drives: list[int], message: str) -> None:
+        super().__init__(message)
+        self.drives = drives
+
+
 class UnalignedBuffer(KVSwarmError, ValueError):
     """A buffer, offset or length breaks the 4 KiB O_DIRECT alignment rules."""
 

@@ -26,10 +26,10 @@ from typing import NamedTuple
 import numpy as np
 from xxhash import xxh32_intdigest
 
-from kvswarm.buffers import BufferPool, Lease
+from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import Catalog, Entry, Extent, ExtentTable
 from kvswarm.drive import Drive, open_drive
-from kvswarm.errors import DriveError, DriveFull, KVSwarmError
+from kvswarm.errors import DriveError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import (
     ALIGN,
     FLAG_SECTOR_PAYLOAD,
@@ -63,6 +63,7 @@ except ImportError:
 
 log = logging.getLogger(__name__)
 VERIFY_JOB_BYTES = 4 << 20  # payload bytes per native verify job (see _check_get)
+SETTLE_S = 5.0  # how long a failed batch's I/O is waited for before its buffers are quarantined
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
 _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 MANIFEST = "store.json"
@@ -164,6 +165,7 @@ class GetHandle(_Handle):
         self._check: _Check | None = None
         self._checking = False
         self._result: GetResult | None = None
+        self._failed = False
 
     @property
     def done(self) -> bool:
@@ -189,18 +191,37 @@ class GetHandle(_Handle):
             self._store._verifying.extend(self._check.jobs)
 
     def wait(self) -> GetResult:
+        """The batch's outcome.  If this raises, the batch's buffers go back to the pool once none of
+        its reads or verify jobs can still touch them (see KVStore._give_back); waiting again raises."""
         if self._result is None:
-            self._store.engine.wait(self._batch)
-            if not self._checking:
-                self._start_check()
-            if self._check is not None and self._check.jobs:
-                while not self._check.done and verify_assist():  # this thread would only wait
-                    pass
-                for job in self._check.jobs:
-                    job.wait()
-            self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads, self._check,
-                                                   self._lease)
+            if self._failed:
+                raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
+            try:
+                self._store.engine.wait(self._batch)
+                if not self._checking:
+                    self._start_check()
+                if self._check is not None and self._check.jobs:
+                    while not self._check.done and verify_assist():  # this thread would only wait
+                        pass
+                    for job in self._check.jobs:
+                        job.wait()
+                self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads,
+                                                       self._check, self._lease)
+            except BaseException:
+                self._failed = self._checking = True  # done from now on, and no check starts on the lease
+                self._store._give_back(self._remains())
+                self._check = self._lease = None
+                raise
         return self._result
+
+    def _remains(self) -> _Abandoned:
+        return _Abandoned(self._batch, self._check.jobs if self._check is not None else (), self._lease, [])
+
+    def __del__(self) -> None:
+        # Dropped unfinished: its buffers go back once its reads are over.  Only queued here: a finalizer
+        # may run while this thread holds the pool's allocator lock.
+        if self._result is None and self._lease is not None:
+            self._store._abandoned.append(self._remains())
 
 
 class Runs(NamedTuple):
@@ -243,6 +264,16 @@ class _Reads:
 
     starts: np.ndarray
     into: list[Bufs | None] | None = None  # per located object, the caller's buffer (or runs)
+
+
+class _Abandoned(NamedTuple):
+    """A batch nobody will finish (its wait() raised, or its handle was dropped): its buffers, and a
+    put's extents, are reused only once its I/Os and verify jobs are over (see KVStore._reclaim)."""
+
+    batch: Batch | ReadBatch
+    jobs: tuple  # kvswarm._verify.Job
+    lease: Lease | None
+    extents: list[Entry]  # a put's objects, never in the catalog
 
 
 def _as_bufs(obj: object) -> Bufs:
@@ -300,15 +331,37 @@ def _hand_over(views: list, found: list[int], good: list[int], into: list[Bufs |
 
 class PutHandle(_Handle):
     def __init__(self, store: KVStore, batch: Batch, staged: tuple) -> None:
-        self._store, self._batch, self._staged = store, batch, staged
+        self._store, self._batch = store, batch
+        self._staged: tuple | None = staged  # None once finished or failed
         self._done: list[bool] | None = None
 
     def wait(self) -> list[bool]:
-        """Per item: True when stored (the catalog now points at it)."""
+        """Per item: True when stored (the catalog now points at it).  If the engine raises, nothing is
+        stored; the buffers and extents go back once none of its writes can still run (a late write
+        from a reused buffer, or into a reused extent, would store wrong bytes)."""
         if self._done is None:
-            self._store.engine.wait(self._batch)
-            self._done = self._store._finish_put(self._staged)
+            if self._staged is None:
+                raise KVSwarmError("this put failed earlier")
+            try:
+                self._store.engine.wait(self._batch)
+            except BaseException:
+                self._store.counters["put_failures"] += len(self._staged[0])
+                self._store._give_back(self._remains())
+                self._staged = None
+                raise
+            staged, self._staged = self._staged, None
+            self._done = self._store._finish_put(staged)
         return self._done
+
+    def _remains(self) -> _Abandoned:
+        items, _, lease = self._staged
+        return _Abandoned(self._batch, (), lease, [e for _, e, _ in items])
+
+    def __del__(self) -> None:
+        # Dropped unfinished: nothing is stored, and its buffers and extents go back once its writes
+        # are over (queued only, as GetHandle.__del__).
+        if self._staged is not None:
+            self._store._abandoned.append(self._remains())
 
 
 class KVStore:
@@ -351,8 +404,13 @@ class KVStore:
             raise
         self._lock = threading.Lock()
         self._deferred: list[Entry] = []  # extents to free at the next flush
-        self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0}
+        self._written: set[int] = set()  # drives that took writes since they were last synced
+        self._not_durable: set[int] = set()  # drives failed holding unsynced writes, for flush() to report
+        # quarantined: failed batches whose buffers were held back, their I/O not confirmed over
+        self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
+                         "quarantined": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
+        self._abandoned: deque[_Abandoned] = deque()  # their buffers go back once their I/O is over
 
     def _lock_writer(self) -> int:
         """Hold the store's writer lock while open: two writers would hand out the same free space
@@ -450,7 +508,7 @@ class KVStore:
             raise KVSwarmError("this store follows another process's: only its writer puts")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [_as_bufs(data) for _, data in items]
-        lease = self.pool.lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
+        lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset
@@ -520,7 +578,7 @@ class KVStore:
     def _placement_views(self) -> list[DriveView]:
         views = [v for v in self._views() if v.free_bytes >= ALIGN]
         if not views and self._deferred:
-            self.flush()
+            self._sync()
             views = [v for v in self._views() if v.free_bytes >= ALIGN]
         if not views:
             raise DriveFull("no healthy drive has free space")
@@ -535,7 +593,7 @@ class KVStore:
             if d.healthy and (off := d.alloc.alloc(nbytes)) is not None:
                 return d.index, off
         if self._deferred:  # space waits on a flush: make the frees durable, then retry
-            self.flush()
+            self._sync()
             return self._alloc(drive, nbytes)
         raise DriveFull(f"no drive has {nbytes} B free (pool full)")
 
@@ -562,6 +620,8 @@ class KVStore:
                 if old is not None:
                     self._free_after_flush(old)
             self.counters["puts"] += len(done)
+            with self._lock:
+                self._written.update(drv for _, e in done for drv, _, _, _ in e.extents)
         finally:
             lease.release()
         return out
@@ -569,6 +629,67 @@ class KVStore:
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
             self.drives[drv].alloc.release(off, ln)
+
+    # ---- abandoned batches -------------------------------------------------------------
+    def _lease(self, nbytes: int) -> Lease:
+        """A pool lease for a new batch.  Abandoned batches give their buffers back first, once their
+        I/O is over: checked in passing, waited for (a bounded while) when the pool is short."""
+        if self._abandoned:
+            self._reclaim(0.0)
+        try:
+            return self.pool.lease(nbytes)
+        except BufferPoolExhausted:
+            if not self._abandoned:
+                raise
+            self._reclaim(SETTLE_S)
+            return self.pool.lease(nbytes)
+
+    def _give_back(self, a: _Abandoned) -> None:
+        """A batch whose wait() raised: wait out its I/Os and verify jobs, then give back its buffers
+        and extents.  If the engine cannot confirm its I/O is over, they stay quarantined (a late DMA
+        into a reused buffer would be wrong data) until a later _reclaim finds it over."""
+        if self._settled(a, SETTLE_S):
+            self._release(a)
+            return
+        self.counters["quarantined"] += 1
+        log.warning("a failed batch's I/O is not confirmed over: %d B of buffers quarantined until it is",
+                    a.lease.nbytes if a.lease is not None else 0)
+        self._abandoned.append(a)
+
+    def _reclaim(self, timeout: float) -> None:
+        """Give back what abandoned batches hold once their I/O is over, waiting up to ``timeout`` s for each."""
+        q = self._abandoned
+        for _ in range(len(q)):
+            try:
+                a = q.popleft()
+            except IndexError:  # another thread took the rest
+                return
+            if self._settled(a, timeout):
+                self._release(a)
+            else:
+                q.append(a)
+
+    def _settled(self, a: _Abandoned, timeout: float) -> bool:
+        """Drive completions until ``a``'s I/Os are back (up to ``timeout`` s); True once they are and its
+        verify jobs (CPU work that always ends: waited for unless ``timeout`` is 0) are done."""
+        end = time.monotonic() + timeout
+        try:
+            while not a.batch.done:
+                self.engine.poll(max(0.0, min(end - time.monotonic(), 0.01)))
+                if not a.batch.done and time.monotonic() >= end:
+                    return False
+        except Exception:  # a broken (or closed) engine: its I/O cannot be confirmed over
+            return False
+        if timeout:
+            for job in a.jobs:
+                job.wait()
+        return all(job.done for job in a.jobs)
+
+    def _release(self, a: _Abandoned) -> None:
+        if a.lease is not None:
+            a.lease.release()
+        for e in a.extents:
+            self._free(e)
 
     def _free_after_flush(self, e: Entry) -> None:
         """Free a replaced or deleted object's extents only once that change is durable.
@@ -608,7 +729,7 @@ class KVStore:
             bufs_in = [None if into[i] is None else _as_bufs(into[i]) for i in found]
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = _Reads(starts, bufs_in)
-        lease = self.pool.lease(int(starts[-1] + span[-1])) if len(span) else None
+        lease = self._lease(int(starts[-1] + span[-1])) if len(span) else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
         bufs: list = [view[p:p + n] for p, n in zip(starts.tolist(), span.tolist())]
@@ -838,16 +959,37 @@ class KVStore:
         return self.catalog.refresh()
 
     def flush(self) -> None:
-        """Everything written before this call survives a crash after it returns."""
+        """Everything written before this call survives a crash after it returns.
+
+        Raises FlushError, once all else is done, when a drive that took writes since the last flush
+        failed (its fdatasync here, or another I/O meanwhile): those writes are not durable."""
         if self.config.follow:
             return
+        self._sync()
+        with self._lock:
+            lost, self._not_durable = sorted(self._not_durable), set()
+        if lost:
+            raise FlushError(lost, "writes not durable: " + ", ".join(
+                f"drive {i} ({self.drives[i].path}) failed" for i in lost))
+
+    def _sync(self) -> None:
+        """fdatasync the healthy drives, sync the catalog, then free the extents that waited on it.  A
+        drive failing its fdatasync, or failed since it took writes, is noted for flush() to report."""
+        with self._lock:
+            written, self._written = self._written, set()
         for d in self.drives:
             if d.healthy:
                 try:
                     os.fdatasync(d.fd)
                 except OSError as e:
                     d.fail(f"fdatasync failed: {e.strerror}")
+                    with self._lock:
+                        self._not_durable.add(d.index)
         with self._lock:
+            self._not_durable.update(i for i in written if not self.drives[i].healthy)
+            # The frees stay safe after a failed fdatasync: the deletes and replacements they wait on
+            # are in the catalog synced below, which then points at none of them, and a failed drive
+            # is never allocated from again.
             deferred, self._deferred = self._deferred, []
         try:
             self.catalog.sync()
@@ -869,7 +1011,10 @@ class KVStore:
         while self._verifying:  # the worker holds views of the pool until it is done
             self._verifying.popleft().wait()
         if not self.config.follow:
-            self.flush()
+            try:
+                self.flush()
+            except FlushError as e:  # closed all the same: a caller that needs durability flushes first
+                log.error("closing the store: %s", e)
             self.catalog.checkpoint()
         self.catalog.close()
         for d in self.drives:

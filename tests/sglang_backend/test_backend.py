@@ -392,6 +392,44 @@ def test_failed_batch_fails_its_pages_only_and_leaks_no_lease(drives, monkeypatc
     b.close()
 
 
+def test_a_failed_flush_fails_the_pages_it_did_not_make_durable(drives, monkeypatch):
+    """A set is reported stored once durable.  A drive failing its fdatasync in that flush: the pages written
+    to it are reported failed and dropped (a retry writes them again, on the other drive), the others are
+    durable and stored.  A failed catalog sync fails (and drops) them all.  Nothing raises into SGLang."""
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    store = b.store
+    keys = [f"d{i}" for i in range(6)]
+    src = pages(pool, 0, 6)
+    real, bad = os.fdatasync, store.drives[1].fd
+
+    def fdatasync(fd: int) -> None:
+        if fd == bad:
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    done = b.batch_set_v1(keys, src)
+    assert done.count(True) == 3 and not store.drives[1].healthy
+    assert [b.exists(k) for k in keys] == done
+    monkeypatch.setattr(os, "fdatasync", real)
+    assert b.batch_set_v1(keys, src) == [True] * 6
+    assert b.batch_get_v1(keys, pages(pool, 8, 6)) == [True] * 6
+    assert all(torch.equal(g, w) for g, w in zip(page_data(pool, pages(pool, 8, 6), 6), page_data(pool, src, 6)))
+    sync = store.catalog.sync
+
+    def failing() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.catalog, "sync", failing)
+    more = [f"e{i}" for i in range(2)]
+    assert b.batch_set_v1(more, pages(pool, 6, 2)) == [False, False]
+    assert not any(b.exists(k) for k in more)  # a retry after the catalog recovers writes them again
+    monkeypatch.setattr(store.catalog, "sync", sync)
+    assert b.batch_set_v1(more, pages(pool, 6, 2)) == [True, True]
+    b.close()
+
+
 def test_kv_cache_dtype_and_weights_key_pages_apart(drives):
     """SGLang's host pool holds every fp8 KV cache as uint8: an fp8_e5m2 server must not read the
     pages an fp8_e4m3 one left on the same drives, nor must a server of other weights (quantization,

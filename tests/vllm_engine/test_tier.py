@@ -346,6 +346,30 @@ def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monk
     tier.shutdown()
 
 
+def test_a_drive_failing_its_fdatasync_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch):
+    """A drive whose fdatasync fails in the flush that was to make stores durable: they are reported not
+    stored, with no 'stored' event; later stores go to the other drives and are stored."""
+    spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
+    spec = TieringOffloadingSpec(dataclasses.replace(spec.config, enable_kv_cache_events=True))
+    tier = make_tier(tier_config(drive_dirs(3), enable_kv_events=True), primary, spec)
+    keys = keys_for(8)
+    fill(primary, range(8))
+    run = JobRunner(tier)
+    real, bad = os.fdatasync, tier.store.drives[1].fd
+
+    def fdatasync(fd: int) -> None:
+        if fd == bad:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    assert not run_within(run, keys[:4], range(4), load=False).success
+    assert list(tier.take_events()) == [] and not tier.store.drives[1].healthy
+    assert run_within(run, keys[4:], range(4, 8), load=False).success
+    assert [(e.keys, e.removed) for e in tier.take_events()] == [(keys[4:], False)]
+    tier.shutdown()
+
+
 def test_chunks_nobody_looks_up_make_room_for_this_engines(drives, primary):
     """Drives filled by another tenant (or model), whose keys this tier never looks up: they are
     evicted for this engine's chunks rather than holding the pool for good."""

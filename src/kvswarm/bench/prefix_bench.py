@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="reduced run (a few minutes): first 4,000 trace requests, 2 sizes, 1 TTFT sample per tier")
     p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) here; plots go next to it")
-    p.add_argument("--dir", default=None, help="parent directory for the temporary drives (default: the system temp dir)")
+    p.add_argument("--dir", default=None,
+                   help="parent directory for the temporary drives (default: the system temp dir)")
     p.add_argument("--trace", default=str(DEFAULT_TRACE), help="Mooncake conversation_trace.jsonl")
     p.add_argument("--requests", type=int, default=None, help="replay only the first N requests (default: all)")
     p.add_argument("--sizes", default=None,
@@ -196,7 +197,7 @@ def replay(reqs: Sequence[Sequence[int]], s: Setup, root: Path, payload: int,
         "hit_rate": st["hit_rate"],
         "wrong_bytes_served": wrong,
         "failures": {k: st["served"].get(k, 0) for k in ("put_failures", "copy_failures", "rejected",
-                                                          "buffer_exhausted")}
+                                                          "buffer_exhausted", "moves_kept", "moves_lost")}
         | {f"lost_{t}": dc[f"lost_{t}"] for t in ("dram", "ssd", "capacity")},
         "evictions": {t: dc[f"evictions_{t}"] for t in ("dram", "ssd", "capacity")},
         "demotions": dc["demotions"],

@@ -145,10 +145,14 @@ class PrefixCache:
         hit = pf.result()
         t1 = time.perf_counter()
         with torch.inference_mode():
-            cache, reused = self.restore(hit)
-            t2 = time.perf_counter()
-            ids = torch.tensor([list(token_ids[reused:])], dtype=torch.long)
-            out = self.model(input_ids=ids, cache=cache, use_cache=True)
+            try:
+                cache, reused = self.restore(hit)
+                t2 = time.perf_counter()
+                ids = torch.tensor([list(token_ids[reused:])], dtype=torch.long)
+                out = self.model(input_ids=ids, cache=cache, use_cache=True)
+            except BaseException:  # the request failed: its DRAM pins and read buffers go back all the same
+                hit.release(promote=False)
+                raise
             logits = out.logits[0, -1].clone()
             t3 = time.perf_counter()
             tiers = list(hit.tiers[:reused // self.block_tokens])

@@ -14,6 +14,7 @@ Events:
   and enter DRAM; returns the writes and evictions that follows;
 * :meth:`lost`   - a tier could not serve a block it was thought to hold (corrupt,
   failed drive, deadline): forget it there;
+* :meth:`keep`   - a block leaving a tier could not be written where it went: it stays;
 * :meth:`evict`, :meth:`flush`, :meth:`resize`, :meth:`restore` - explicit moves, write-back of
   DRAM, capacity changes (a failed drive), and state rebuilt after a restart.
 
@@ -93,7 +94,7 @@ class TierDirector:
             ["requests", "blocks", "located_dram", "located_ssd", "located_capacity", "misses",
              "writes_dram", "writes_ssd", "writes_capacity", "evictions_dram", "evictions_ssd",
              "evictions_capacity", "demotions", "promotions_ssd", "promotions_capacity", "lost_dram", "lost_ssd",
-             "lost_capacity"], 0)
+             "lost_capacity", "kept_dram", "kept_ssd"], 0)
 
     # ---- queries ---------------------------------------------------------------------------
     def has(self, tier: Tier) -> bool:
@@ -173,6 +174,12 @@ class TierDirector:
         """``tier`` could not produce ``key`` (corrupt, unreadable, failed drive): forget it there."""
         if self.tiers[tier].remove(key):
             self.counters[f"lost_{tier.name.lower()}"] += 1
+
+    def keep(self, key: Hashable, tier: Tier) -> None:
+        """``key`` left ``tier`` but its write below failed: it stays in ``tier``, over its capacity and as
+        the first victim of its next eviction, which tries the move again."""
+        self.tiers[tier].keep(key)
+        self.counters[f"kept_{tier.name.lower()}"] += 1
 
     def evict(self, key: Hashable, tier: Tier) -> list[Action]:
         """Push ``key`` out of ``tier`` now, with the usual consequences (write-back, demotion)."""

@@ -3,7 +3,9 @@
 Slots are zero-copy viewable (``Lease.numpy()`` / ``Lease.torch()``) and, on a GPU box,
 DMA-able once the pool is page-locked.  A block handed to a reader is *pinned*: when
 the director drops it meanwhile, its slot is freed only once the reader unpins it, so
-a view never changes under its reader.  The pool has a few slots of headroom for that.
+a view never changes under its reader.  A block being written to a pool is *held* the
+same way until its put is back: a failed write can then give the block back to DRAM.
+The pool has a few slots of headroom for that.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from kvswarm.format import align_up
 
 
 class Slot:
-    __slots__ = ("lease", "nbytes", "pins", "dropped")
+    __slots__ = ("lease", "nbytes", "pins", "holds", "dropped")
 
     def __init__(self, lease: Lease, nbytes: int) -> None:
-        self.lease, self.nbytes, self.pins, self.dropped = lease, nbytes, 0, False
+        self.lease, self.nbytes, self.pins, self.holds, self.dropped = lease, nbytes, 0, 0, False
 
     @property
     def view(self) -> memoryview:
@@ -30,7 +32,19 @@ class Slot:
 
     def unpin(self) -> None:
         self.pins -= 1
-        if self.dropped and self.pins == 0:
+        self._free_if_unused()
+
+    def hold(self) -> Slot:
+        """Keep the bytes for a put of them in flight (a reader's pin, for a writer)."""
+        self.holds += 1
+        return self
+
+    def let_go(self) -> None:
+        self.holds -= 1
+        self._free_if_unused()
+
+    def _free_if_unused(self) -> None:
+        if self.dropped and self.pins == 0 and self.holds == 0:
             self.lease.release()
 
 
@@ -67,13 +81,22 @@ class DramTier:
         s = self._slots.get(key)
         return s.pin() if s is not None else None
 
+    def hold(self, key: Hashable) -> Slot | None:
+        s = self._slots.get(key)
+        return s.hold() if s is not None else None
+
+    def revive(self, key: Hashable, slot: Slot) -> None:
+        """Take back a dropped slot that a hold kept intact (a block whose write below failed)."""
+        assert slot.dropped and slot.holds and key not in self._slots
+        slot.dropped = False
+        self._slots[key] = slot
+
     def drop(self, key: Hashable) -> bool:
         s = self._slots.pop(key, None)
         if s is None:
             return False
         s.dropped = True
-        if s.pins == 0:
-            s.lease.release()
+        s._free_if_unused()
         return True
 
     def clear(self) -> None:

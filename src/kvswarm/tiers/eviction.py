@@ -62,6 +62,15 @@ class EvictionPolicy(abc.ABC):
     def __iter__(self) -> Iterator[Key]:
         """Resident keys, the next victim first (approximately, for ARC and S3-FIFO)."""
 
+    def keep(self, key: Key) -> None:
+        """Take back ``key``, just evicted, evicting nothing for it: the tier is over its capacity until its
+        next insertion evicts again.  The policies here make it that eviction's first victim."""
+        self.capacity += 1
+        try:
+            self.insert(key)
+        finally:
+            self.capacity -= 1
+
     def resize(self, capacity: int) -> list[Key]:
         """Change the capacity; returns the keys evicted to fit a smaller one."""
         self.capacity = max(0, capacity)
@@ -105,6 +114,12 @@ class LRU(EvictionPolicy):
             self._d.move_to_end(key)
             return True
         return False
+
+    def keep(self, key: Key) -> None:
+        if key not in self._d:
+            self._d[key] = 1
+            self._d.move_to_end(key, last=False)
+            self.used += 1
 
     def remove(self, key: Key) -> bool:
         if key in self._d:
@@ -211,6 +226,13 @@ class ARC(EvictionPolicy):
                 return True
         return False
 
+    def keep(self, key: Key) -> None:
+        if key not in self:
+            self.b1.pop(key, None)  # resident again, not a ghost
+            self.b2.pop(key, None)
+            self.t1[key] = None
+            self.t1.move_to_end(key, last=False)
+
     def resize(self, capacity: int) -> list[Key]:
         out = super().resize(capacity)
         self.p = min(self.p, self.capacity)
@@ -271,6 +293,12 @@ class S3FIFO(EvictionPolicy):
 
     def remove(self, key: Key) -> bool:
         return self.small.pop(key, None) is not None or self.main.pop(key, None) is not None
+
+    def keep(self, key: Key) -> None:
+        if key not in self:
+            self.ghost.pop(key, None)
+            self.small[key] = 0
+            self.small.move_to_end(key, last=False)
 
     def _evict_one(self) -> Key:
         # Evict from the small queue while it holds more than its share (or main is empty).

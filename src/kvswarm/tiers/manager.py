@@ -13,7 +13,9 @@ Block identities inside the tiers are the store's key digests (``format.key_dige
 so the state can be rebuilt from the pools' catalogs after a restart; a block's key
 travels in its payload header (:mod:`kvswarm.prefix.block`) for moves between pools.
 Any block that cannot be read back intact - missing, corrupt, on a failed drive, of
-another namespace or size - is a miss (counted), and its tier forgets it.
+another namespace or size - is a miss (counted), and its tier forgets it.  A block moving
+down whose write there fails, or is not made durable, stays where it was (counted
+``moves_kept``); if its retried move fails too, it is let go (``moves_lost``).
 """
 
 from __future__ import annotations
@@ -21,19 +23,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.buffers import BufferPoolExhausted
-from kvswarm.errors import DriveFull
+from kvswarm.errors import DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
 from kvswarm.tiers.director import Action, Copy, Tier, TierDirector
-from kvswarm.tiers.dram import DramTier
+from kvswarm.tiers.dram import DramTier, Slot
 from kvswarm.tiers.pools import PoolConfig, block_capacity
 from kvswarm.tiers.prefetch import PrefetchPolicy
 
@@ -73,20 +75,22 @@ class PrefixHit:
         """Promote the blocks read from the pools into DRAM (unless ``promote=False``), free buffers."""
         if self._mgr is None:
             return
-        if promote:
-            acts: list = []
-            bufs = {}
-            for d, v, t in zip(self._digests, self.views, self.tiers):
-                if t != Tier.DRAM:
-                    bufs[d] = v
-                    acts += self._mgr.director.admit(d, t)
-            self._mgr._execute(acts, bufs)
-        self.views = []
-        for s in self._pins:
-            s.unpin()
-        for r in self._results:
-            r.release()
-        self._pins, self._results, self._mgr = [], [], None
+        try:
+            if promote:
+                acts: list = []
+                bufs = {}
+                for d, v, t in zip(self._digests, self.views, self.tiers):
+                    if t != Tier.DRAM:
+                        bufs[d] = v
+                        acts += self._mgr.director.admit(d, t)
+                self._mgr._execute(acts, bufs)
+        finally:  # a failed promotion too lets go of the pins and buffers
+            self.views = []
+            for s in self._pins:
+                s.unpin()
+            for r in self._results:
+                r.release()
+            self._pins, self._results, self._mgr = [], [], None
 
     def __enter__(self) -> PrefixHit:
         return self
@@ -96,69 +100,120 @@ class PrefixHit:
 
 
 class Prefetch:
-    """Reads of one request's cached prefix, started at construction; see :meth:`result`."""
+    """Reads of one request's cached prefix, started at construction; see :meth:`result`.
+
+    A prefetch that will not be consumed is cancelled (:meth:`cancel`, or leaving its ``with`` block);
+    one merely dropped is cancelled at the manager's next request.
+    """
 
     def __init__(self, mgr: TierManager, keys: Sequence[bytes], digests: list[bytes], tiers: list[Tier],
                  arrival: float, policy: PrefetchPolicy) -> None:
-        self._mgr, self._keys, self._digests = mgr, list(keys), digests
+        self._pins: list[tuple[int, Slot]] = []  # set first: __del__ reads them
+        self._chunks: list[tuple[int, int, Tier, GetHandle]] = []
+        self._mgr: TierManager | None = mgr  # None once cancelled or consumed
+        self._keys, self._digests = list(keys), digests
         self.arrival, self.policy = arrival, policy
         n = len(tiers)
         self._views: list = [None] * n
         self._tiers = tiers
-        self._pins: list[tuple[int, object]] = []
-        self._chunks: list[tuple[int, int, Tier, GetHandle]] = []
         i = 0
-        while i < n:
-            t = tiers[i]
-            if t == Tier.DRAM:
-                slot = mgr.dram.pin(digests[i])
-                if slot is None:  # the director had it in DRAM but its put found no slot
-                    mgr.director.lost(digests[i], Tier.DRAM)
+        try:
+            while i < n:
+                t = tiers[i]
+                if t == Tier.DRAM:
+                    slot = mgr.dram.pin(digests[i])
+                    if slot is None:  # the director had it in DRAM but its put found no slot
+                        mgr.director.lost(digests[i], Tier.DRAM)
+                        n = i
+                        break
+                    self._pins.append((i, slot))
+                    self._views[i] = slot.view
+                    i += 1
+                    continue
+                j = i
+                while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
+                    j += 1
+                try:
+                    self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+                except BufferPoolExhausted:  # the pool's read buffers are full: the rest is recomputed
+                    mgr.counters["buffer_exhausted"] += 1
                     n = i
                     break
-                self._pins.append((i, slot))
-                self._views[i] = slot.view
-                i += 1
-                continue
-            j = i
-            while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
-                j += 1
-            try:
-                self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
-            except BufferPoolExhausted:  # the pool's read buffers are full: the rest is recomputed
-                mgr.counters["buffer_exhausted"] += 1
-                n = i
-                break
-            i = j
+                i = j
+        except BaseException:  # e.g. a read that could not be submitted: what was taken so far goes back
+            self.cancel()
+            raise
         self.located = n
+
+    def cancel(self) -> None:
+        """Abandon the prefetch: its DRAM blocks are unpinned now and nothing is promoted; its reads go
+        to the manager, which frees their buffers once they are back.  No read lands in a DRAM slot (reads
+        fill the pool's own buffers; only a consumed hit's release copies blocks into DRAM), so no slot
+        is left half filled.  Idempotent; a no-op once :meth:`result` was called."""
+        mgr, self._mgr = self._mgr, None
+        if mgr is None:
+            return
+        pins, self._pins = self._pins, []
+        for _, s in pins:
+            s.unpin()
+        mgr._orphans.extend(h for *_, h in self._chunks)
+        self._chunks = []
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        # Dropped unconsumed: cancelled at the manager's next request, not here, as unpinning may free a
+        # DRAM slot (taking the DRAM pool's allocator lock, which this thread may hold as the finalizer runs).
+        if self._mgr is not None and (self._pins or self._chunks):
+            self._mgr._dropped.append(([s for _, s in self._pins], [h for *_, h in self._chunks]))
 
     def poll(self) -> bool:
         """True once every read has completed (never blocks)."""
         return all(h.poll() for *_, h in self._chunks)
 
     def result(self) -> PrefixHit:
-        """Wait per the policy, then the longest prefix that arrived intact (call once)."""
-        mgr = self._mgr
+        """Wait per the policy, then the longest prefix that arrived intact (call once).  If it raises,
+        the prefetch's pins and buffers are given back as by :meth:`cancel`."""
+        mgr, self._mgr = self._mgr, None
+        if mgr is None:
+            raise KVSwarmError("this prefetch was cancelled, or its result was taken already")
         deadline = self.policy.deadline(self.arrival)
         usable, late, rejected = self.located, 0, 0
         results = []
-        for i, j, t, h in self._chunks:
-            if i >= usable or not _wait(h, mgr.stores[t], deadline):
-                if i < usable:
-                    late = usable - i
-                    usable = i
-                mgr._orphans.append(h)  # reaped (and its buffer freed) later
-                continue
-            r = h.wait()
-            results.append(r)
-            for idx in range(i, j):
-                v = r.views[idx - i]
-                if v is None or len(v) != mgr.config.block_bytes or not matches(v, self._keys[idx]):
-                    mgr._lost_in_pool(self._digests[idx], t)
-                    rejected += 1
-                    usable = min(usable, idx)
-                elif idx < usable:
-                    self._views[idx] = v
+        taken = 0  # chunks seen: the rest are orphaned if this raises
+        try:
+            for i, j, t, h in self._chunks:
+                taken += 1
+                if i >= usable or not _wait(h, mgr.stores[t], deadline):
+                    if i < usable:
+                        late = usable - i
+                        usable = i
+                    mgr._orphans.append(h)  # reaped (and its buffer freed) later
+                    continue
+                r = h.wait()
+                results.append(r)
+                for idx in range(i, j):
+                    v = r.views[idx - i]
+                    if v is None or len(v) != mgr.config.block_bytes or not matches(v, self._keys[idx]):
+                        mgr._lost_in_pool(self._digests[idx], t)
+                        rejected += 1
+                        usable = min(usable, idx)
+                    elif idx < usable:
+                        self._views[idx] = v
+        except BaseException:
+            # The chunk that raised gave its buffers back (GetHandle.wait), or its store takes them back
+            # once its handle is dropped (below); those not reached yet are orphaned.
+            for r in results:
+                r.release()
+            for _, s in self._pins:
+                s.unpin()
+            mgr._orphans.extend(h for *_, h in self._chunks[taken:])
+            self._chunks = []
+            raise
         pins = [s for i, s in self._pins if i < usable]
         for i, s in self._pins:
             if i >= usable:
@@ -208,14 +263,18 @@ class TierManager:
         self.director = TierDirector(caps, config.eviction, config.write, config.demotion)
         self.dram = DramTier(dram_blocks, bb)
         self.counters: Counter[str] = Counter()
-        self._puts: list[tuple[Tier, list[bytes], object]] = []
+        # Puts in flight: (pool, digests, handle, per block the DRAM slot its bytes came from, held till reaped)
+        self._puts: list[tuple[Tier, list[bytes], object, list[Slot | None]]] = []
         self._pending: dict[Tier, Counter[bytes]] = {t: Counter() for t in POOL_TIERS}
         self._doomed: dict[Tier, set[bytes]] = {t: set() for t in POOL_TIERS}
         # Per pool, blocks being copied into it from another pool that has dropped them (a demotion):
         # digest -> that pool, whose copy is deleted only once this pool's copy is durable.
         self._moving: dict[Tier, dict[bytes, Tier]] = {t: {} for t in POOL_TIERS}
+        self._kept: set[bytes] = set()  # blocks kept where they were after a failed move, until the next one ends
         self._queued: dict[Tier, dict[bytes, tuple]] | None = None  # _execute's queued writes, while it runs
         self._orphans: list[GetHandle] = []
+        # Pins and reads of prefetches dropped unconsumed, to let go at the next prefetch (see Prefetch.__del__)
+        self._dropped: deque[tuple[list[Slot], list[GetHandle]]] = deque()
         self._healthy = {t: sum(d.healthy for d in s.drives) for t, s in self.stores.items()}
         for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
             entries = sorted(s.catalog.entries.items(), key=lambda kv: kv[1].generation)
@@ -226,6 +285,11 @@ class TierManager:
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
+        while self._dropped:
+            pins, reads = self._dropped.popleft()
+            for s in pins:
+                s.unpin()
+            self._orphans += reads
         self._reap(wait=False)
         self._check_health()
         digests = [key_digest(k) for k in keys]
@@ -266,11 +330,19 @@ class TierManager:
         self._execute(acts, {})
 
     def flush(self) -> None:
-        """Write back what the write policy keeps, then make every pool durable."""
+        """Write back what the write policy keeps, then make every pool durable.  A drive failing meanwhile
+        costs the blocks written to it (forgotten, as any failed drive's), never the call."""
         self._execute(self.director.flush(), {})
         self._reap()
-        for s in self.stores.values():
-            s.flush()
+        failed = False
+        for t, s in self.stores.items():
+            try:
+                s.flush()
+            except FlushError as e:
+                log.error("%s pool: %s", t.name, e)
+                failed = True
+        if failed:
+            self._check_health()
 
     def close(self) -> None:
         if not self.stores:
@@ -304,8 +376,11 @@ class TierManager:
                         self.director.lost(a.key, a.dst)
                     elif a.dst == Tier.DRAM:
                         if not self.dram.put(a.key, data):
-                            for t in POOL_TIERS:  # queued write-backs pin dropped slots: submit them
+                            # Write-backs hold dropped slots until their puts are back (a failed one keeps
+                            # its block in DRAM): write out the queued ones, wait for all, try again.
+                            for t in POOL_TIERS:
                                 self._submit(t, queued[t])
+                            self._reap()
                             if not self.dram.put(a.key, data):
                                 self.director.lost(a.key, Tier.DRAM)
                     else:
@@ -313,8 +388,8 @@ class TierManager:
                 elif a.tier == Tier.DRAM:
                     self.dram.drop(a.key)
                 elif (q := queued[a.tier].pop(a.key, None)) is not None:
-                    if q[2] is not None:  # never written: release its DRAM pin
-                        q[2].unpin()
+                    if q[2] is not None:  # never written: let go of its DRAM slot
+                        q[2].let_go()
                     self._moved(a.tier, a.key)  # nor will be: a pool it was leaving lets it go now
                 elif self._pending[a.tier][a.key]:
                     self._doomed[a.tier].add(a.key)
@@ -399,13 +474,13 @@ class TierManager:
             self.counters["copy_failures"] += 1
             self.director.lost(digest, tier)
             return
-        # A DRAM block stays pinned until its put has copied it (its slot may be dropped meanwhile),
-        # also when it comes by way of another pool's queued write (a block demoted further down
-        # before its own write-back went out): dropping that write unpins the slot it came from.
+        # A DRAM block's slot is held until its put is back (it may be dropped meanwhile: a failed write
+        # gives it back to DRAM), also when it comes by way of another pool's queued write (a block
+        # demoted further down before its own write-back went out): dropping that write lets go of it.
         if src == Tier.DRAM:
-            slot = self.dram.pin(digest)
+            slot = self.dram.hold(digest)
         elif src in queued and (q := queued[src].get(digest)) is not None and q[2] is not None:
-            slot = q[2].pin()
+            slot = q[2].hold()
         else:
             slot = None
         queued[tier][digest] = (key, data, slot)
@@ -419,18 +494,23 @@ class TierManager:
         q.clear()
         store = self.stores[tier]
         self._reap(tier, wait=False)  # finished puts give their staging buffers back
+        taken = 0  # items registered: the DRAM slots they hold go with their puts, let go when reaped
 
-        def register(ds: list[bytes], h) -> None:
+        def register(batch: list[tuple[bytes, tuple]], h) -> None:
+            nonlocal taken
+            ds = [d for d, _ in batch]
             for d in ds:
                 self._doomed[tier].discard(d)
                 self._pending[tier][d] += 1
-            self._puts.append((tier, ds, h))
+            self._puts.append((tier, ds, h, [slot for _, (_, _, slot) in batch]))
+            taken += len(batch)
 
         try:
             try:
-                register([d for d, _ in items], store.submit_put([(k, v) for _, (k, v, _) in items]))
+                register(items, store.submit_put([(k, v) for _, (k, v, _) in items]))
             except (DriveFull, BufferPoolExhausted):  # one at a time: as many as fit
-                for d, (k, v, _) in items:
+                for item in items:
+                    _, (k, v, _) = item
                     try:
                         try:
                             h = store.submit_put([(k, v)])
@@ -443,55 +523,122 @@ class TierManager:
                                     self._submit(other, self._queued[other])
                             self._reap()
                             h = store.submit_put([(k, v)])
-                        register([d], h)
                     except (DriveFull, BufferPoolExhausted):
-                        self.counters["put_failures"] += 1
-                        self.director.lost(d, tier)
-                        self._moved(tier, d)
+                        # Reaped later as a failed write, like one that came back so: by then the Drop
+                        # of a demoted block above (listed right after its Copy) has marked it moving,
+                        # and it stays there.
+                        h = _REFUSED
+                    register([item], h)
         finally:
-            for _, (_, _, slot) in items:
+            for _, (_, _, slot) in items[taken:]:  # never submitted
                 if slot is not None:
-                    slot.unpin()
+                    slot.let_go()
 
     def _reap(self, tier: Tier | None = None, wait: bool = True) -> None:
         """Complete the puts in flight (of one tier, or all; with ``wait=False`` only those already
         done) and free abandoned reads."""
         keep = []
         landed: dict[Tier, list[bytes]] = {t: [] for t in POOL_TIERS}  # demoted blocks now written
-        for t, ds, h in self._puts:
+        for put in self._puts:
+            t, ds, h, slots = put
             if tier is not None and t != tier or not wait and not h.poll():
-                keep.append((t, ds, h))
+                keep.append(put)
                 continue
-            for d, ok in zip(ds, h.wait()):
+            try:
+                oks = h.wait()
+            except (KVSwarmError, OSError) as e:  # nothing of the batch was stored
+                log.warning("%s pool: a put of %d blocks failed: %s", t.name, len(ds), e)
+                oks = [False] * len(ds)
+            for d, ok, slot in zip(ds, oks, slots):
                 self._pending[t][d] -= 1
-                if not self._pending[t][d]:
+                last = not self._pending[t][d]  # no other write of it into t is out
+                if last:
                     del self._pending[t][d]
-                    if d in self._doomed[t]:
-                        self._doomed[t].discard(d)
-                        self.stores[t].delete_digest(d)
-                    if d in self._moving[t]:
-                        landed[t].append(d)
                 if not ok:
                     self.counters["put_failures"] += 1
                     self.director.lost(d, t)
+                if last and d in self._doomed[t]:  # dropped from t while written: its move ends here too
+                    self._doomed[t].discard(d)
+                    self.stores[t].delete_digest(d)
+                    self._moved(t, d)
+                elif last and ok and d in self._moving[t]:
+                    landed[t].append(d)
+                elif ok:
+                    self._kept.discard(d)
+                elif last:
+                    self._stay(t, d, slot)
+                if slot is not None:
+                    slot.let_go()
         self._puts = keep
         for t, ds in landed.items():
             if ds:
-                self.stores[t].flush()  # durable here before the copies above go
-                for d in ds:
-                    self._moved(t, d)
+                self._land(t, ds)
         if tier is None:
             left = []
             for h in self._orphans:
-                if wait or h.poll():
-                    h.wait().release()
-                else:
-                    left.append(h)
+                try:
+                    if wait or h.poll():
+                        h.wait().release()
+                    else:
+                        left.append(h)
+                except Exception as e:  # nobody wants this read any more; its store took its buffers back
+                    log.warning("an abandoned prefix read failed: %s", e)
             self._orphans = left
 
+    def _land(self, tier: Tier, ds: list[bytes]) -> None:
+        """Blocks demoted into ``tier`` are written: once durable there, their copies above go.  One that
+        the flush does not make durable (on a drive that failed, or the catalog's sync failed) stays above."""
+        store = self.stores[tier]
+        try:
+            store.flush()
+        except FlushError as e:  # the other drives and the catalog are synced
+            log.error("%s pool: %s", tier.name, e)
+        except (KVSwarmError, OSError) as e:  # the catalog: none of them is durable yet
+            log.error("%s pool: flush failed: %s", tier.name, e)
+            for d in ds:
+                self._stay(tier, d, None)
+            return
+        dead = {x.index for x in store.drives if not x.healthy}
+        for d in ds:
+            if dead and (e := store.catalog.entries.get(d)) is not None and any(x[0] in dead for x in e.extents):
+                self._stay(tier, d, None)
+            else:
+                self._moved(tier, d)
+
+    def _stay(self, tier: Tier, digest: bytes, slot: Slot | None) -> None:
+        """``digest``'s write into ``tier`` failed, or did not become durable.  A block moving down stays
+        where it was: in the pool it was leaving (whose copy is kept till then), or in DRAM when its bytes
+        came from a slot DRAM dropped (the write's hold kept it) and no tier holds it.  It stays as its
+        tier's next victim, so the next eviction there tries the move again; a block whose retried move
+        fails too is let go, counted: a failing tier below costs a block per eviction above, never a
+        growing backlog of retries."""
+        src = self._moving[tier].pop(digest, None)
+        if src is not None:
+            if digest in self.director.tiers[src] or self._pending[src][digest] \
+                    or digest not in self.stores[src].catalog:
+                return  # taken back meanwhile, or gone with a failed drive
+            back = src
+        elif slot is not None and slot.dropped and digest not in self.dram and self.director.locate(digest) is None:
+            back = Tier.DRAM
+        else:
+            return  # a copy that was not leaving anywhere (a write-through), or one another tier holds
+        if digest in self._kept:
+            self._kept.discard(digest)
+            self.counters["moves_lost"] += 1
+            if back != Tier.DRAM:
+                self.stores[back].delete_digest(digest)
+            return
+        self._kept.add(digest)
+        self.counters["moves_kept"] += 1
+        if back == Tier.DRAM:
+            self.dram.revive(digest, slot)
+        self.director.keep(digest, back)
+
     def _moved(self, tier: Tier, digest: bytes) -> None:
-        """``digest``'s copy into ``tier`` is durable, failed or cancelled: delete the copy in the pool
-        it was demoted from, unless that pool has taken the block back meanwhile."""
+        """``digest``'s copy into ``tier`` is durable, or its move is over (cancelled, or the block dropped
+        from ``tier`` meanwhile): delete the copy in the pool it was demoted from, unless that pool has
+        taken the block back meanwhile."""
+        self._kept.discard(digest)
         src = self._moving[tier].pop(digest, None)
         if src is not None and digest not in self.director.tiers[src] and not self._pending[src][digest]:
             self.stores[src].delete_digest(digest)
@@ -526,6 +673,18 @@ class TierManager:
         }
 
 
-def _noop() -> None:
-    pass
+class _Refused:
+    """The handle of a put its pool refused (no room, no staging buffer): failed at once, and reaped
+    like a write that came back failed."""
+
+    @staticmethod
+    def poll() -> bool:
+        return True
+
+    @staticmethod
+    def wait() -> list[bool]:
+        return [False]
+
+
+_REFUSED = _Refused()
 

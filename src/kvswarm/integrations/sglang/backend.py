@@ -47,7 +47,8 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvswarm.buffers import BufferPoolExhausted
-from kvswarm.errors import KVSwarmError
+from kvswarm.errors import FlushError, KVSwarmError
+from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
@@ -333,8 +334,28 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         if todo:
             self._batches(store, len(todo), page_bytes, len(todo), submit, finish)
             if self.durable and any(ok[i] for i in todo):
-                store.flush()
+                self._make_durable(store, keys, todo, ok)
         return ok
+
+    @staticmethod
+    def _make_durable(store: KVStore, keys: Sequence[bytes], todo: list[int], ok: list[bool]) -> None:
+        """Flush the pages written.  Those the flush did not make durable (on a drive that failed, or all
+        of them when the catalog's sync failed) are deleted and reported failed: held as stored, a retry
+        would skip them and report them stored."""
+        try:
+            store.flush()
+            return
+        except FlushError as e:  # the other drives and the catalog are synced
+            log.error("kvswarm HiCache backend: %s", e)
+            failed: set[int] | None = {d.index for d in store.drives if not d.healthy}
+        except (KVSwarmError, OSError) as e:
+            log.error("kvswarm HiCache backend: flush failed: %s", e)
+            failed = None
+        for i in todo:
+            entry = store.catalog.get(key_digest(keys[i])) if ok[i] else None
+            if entry is not None and (failed is None or any(x[0] in failed for x in entry.extents)):
+                store.delete(keys[i])
+                ok[i] = False
 
     # ---- generic (tensor) interface ------------------------------------------------
     def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> torch.Tensor | None:
@@ -503,7 +524,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         if store is None:
             return 0
         n = sum(store.delete(self._key(k)) for k in keys)
-        store.flush()  # their space is reused only once the deletes are durable
+        try:
+            store.flush()  # their space is reused only once the deletes are durable
+        except (KVSwarmError, OSError) as e:  # the deletes stand (a failed catalog sync: the next flush frees)
+            log.error("kvswarm HiCache backend: flush failed: %s", e)
         return n
 
     def get_stats(self):
