@@ -53,3 +53,19 @@ def test_two_models_offloading_the_same_tokens_keep_their_own_manifests(drive_di
             again = StoreSequence.open(store, lay, seq.seq_id)
             f = again.fetch(0, again.geometry.offloaded)
             assert not len(f.missing) and torch.equal(f.keys, kv[0][0][0][:, 4:N - 8])
+
+
+def test_a_manifest_that_fails_to_write_fails_the_create(drive_dirs, monkeypatch):
+    """Without its manifest the sequence cannot be reopened: create says so, as the Swarm one does."""
+    import pytest
+
+    from kvswarm.errors import DriveError
+
+    kv = _prompt_kv()
+    with KVStore(StoreConfig(drive_dirs(1), capacity_per_drive=8 << 20, buffer_pool_bytes=4 << 20)) as store:
+        put = store.put
+        manifest = StoreSequence.MANIFEST_PREFIX
+        monkeypatch.setattr(store, "put",
+                            lambda key, data, hint=None: not key.startswith(manifest) and put(key, data, hint))
+        with pytest.raises(DriveError, match="manifest"):
+            StoreSequence.create(store, kv, list(range(N)), LAYOUT, sinks=4, window=8)

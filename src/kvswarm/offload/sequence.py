@@ -425,7 +425,8 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
             if keep_index_keys:
                 index_keys.append(keys.clone())
         seq._index_keys = index_keys if keep_index_keys else None
-        store.put(cls.manifest_key(salt, seq_id), seq._manifest())
+        if not store.put(cls.manifest_key(salt, seq_id), seq._manifest()):
+            raise DriveError("the sequence manifest failed to write")
         store.flush()
         return seq
 
