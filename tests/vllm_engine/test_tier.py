@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -18,7 +19,13 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import key_digest, payload_offset
-from kvswarm.integrations.vllm.harness import JobRunner, Primary, keys_for, make_tier, offloading_spec
+from kvswarm.integrations.vllm.harness import (
+    JobRunner,
+    Primary,
+    keys_for,
+    make_tier,
+    offloading_spec,
+)
 from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE, auto_queue_depth
 from kvswarm.io.base import uring_available
 from kvswarm.layout import KVLayout
@@ -329,32 +336,12 @@ def test_a_failing_delete_during_a_load_reports_the_verified_chunks(drives, prim
     tier.shutdown()
 
 
-def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch):
-    """Stores are reported once durable: a flush that fails (here the catalog's sync) fails them,
-    and emits no 'stored' event for them."""
-    spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
-    spec = TieringOffloadingSpec(dataclasses.replace(spec.config, enable_kv_cache_events=True))
-    tier = make_tier(tier_config(drive_dirs(3), enable_kv_events=True), primary, spec)
-    keys = keys_for(8)
-    fill(primary, range(8))
-    run = JobRunner(tier)
+def _fail_catalog_sync(tier, monkeypatch) -> Callable[[], bool]:
     fail_once(monkeypatch, tier.store.catalog, "sync", OSError(errno.EIO, "Input/output error"))
-    assert not run_within(run, keys[:4], range(4), load=False).success
-    assert list(tier.take_events()) == []
-    assert run_within(run, keys[4:], range(4, 8), load=False).success
-    assert [(e.keys, e.removed) for e in tier.take_events()] == [(keys[4:], False)]
-    tier.shutdown()
+    return lambda: True
 
 
-def test_a_drive_failing_its_fdatasync_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch):
-    """A drive whose fdatasync fails in the flush that was to make stores durable: they are reported not
-    stored, with no 'stored' event; later stores go to the other drives and are stored."""
-    spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
-    spec = TieringOffloadingSpec(dataclasses.replace(spec.config, enable_kv_cache_events=True))
-    tier = make_tier(tier_config(drive_dirs(3), enable_kv_events=True), primary, spec)
-    keys = keys_for(8)
-    fill(primary, range(8))
-    run = JobRunner(tier)
+def _fail_a_drives_fdatasync(tier, monkeypatch) -> Callable[[], bool]:
     real, bad = os.fdatasync, tier.store.drives[1].fd
 
     def fdatasync(fd: int) -> None:
@@ -363,8 +350,23 @@ def test_a_drive_failing_its_fdatasync_reports_its_stores_not_stored(drive_dirs,
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return lambda: not tier.store.drives[1].healthy  # taken out of service; later stores avoid it
+
+
+@pytest.mark.parametrize("inject", [_fail_catalog_sync, _fail_a_drives_fdatasync],
+                         ids=["catalog sync", "a drive's fdatasync"])
+def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch, inject):
+    """Stores are reported once durable: a flush that fails fails them, and emits no 'stored' event for
+    them; later stores are stored."""
+    spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
+    spec = TieringOffloadingSpec(dataclasses.replace(spec.config, enable_kv_cache_events=True))
+    tier = make_tier(tier_config(drive_dirs(3), enable_kv_events=True), primary, spec)
+    keys = keys_for(8)
+    fill(primary, range(8))
+    run = JobRunner(tier)
+    injected = inject(tier, monkeypatch)
     assert not run_within(run, keys[:4], range(4), load=False).success
-    assert list(tier.take_events()) == [] and not tier.store.drives[1].healthy
+    assert list(tier.take_events()) == [] and injected()
     assert run_within(run, keys[4:], range(4, 8), load=False).success
     assert [(e.keys, e.removed) for e in tier.take_events()] == [(keys[4:], False)]
     tier.shutdown()
