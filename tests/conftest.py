@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -59,3 +60,24 @@ def drive_dirs(tmp_path):
         return paths
 
     return make
+
+
+@pytest.fixture
+def fdatasync_fails(monkeypatch):
+    """``fdatasync_fails(fd)``: from then on ``os.fdatasync(fd)`` fails with EIO (a drive that could not write
+    its cache back) and other fds sync; returns the list of the fds synced since, in order."""
+    real = os.fdatasync
+
+    def fail(fd: int) -> list[int]:
+        synced: list[int] = []
+
+        def fdatasync(f: int) -> None:
+            synced.append(f)
+            if f == fd:
+                raise OSError(errno.EIO, "Input/output error")
+            real(f)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        return synced
+
+    return fail

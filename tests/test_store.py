@@ -598,22 +598,8 @@ def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(tmp_path, 
         assert s.drives[0].alloc.free > free
 
 
-def _fdatasync_fails_on(monkeypatch, fd: int) -> list[int]:
-    """fdatasync of ``fd`` fails with EIO (a drive that could not write its cache back); the others sync.
-    Returns the fds synced, in order."""
-    real, synced = os.fdatasync, []
-
-    def fdatasync(f: int) -> None:
-        synced.append(f)
-        if f == fd:
-            raise OSError(5, "Input/output error")
-        real(f)
-
-    monkeypatch.setattr(store_mod.os, "fdatasync", fdatasync)
-    return synced
-
-
-def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp_path, backend, monkeypatch):
+def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp_path, backend, monkeypatch,
+                                                                              fdatasync_fails):
     """A normal return vouches for every write before the flush: a drive whose fdatasync fails is taken
     out and named by a FlushError, raised only after the other drives, the catalog and the frees made
     durable are done.  The next flush has nothing new to report."""
@@ -626,7 +612,7 @@ def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp
         catalog_syncs = []
         sync = s.catalog.sync
         monkeypatch.setattr(s.catalog, "sync", lambda: (catalog_syncs.append(1), sync())[1])
-        synced = _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+        synced = fdatasync_fails(s.drives[1].fd)
         with pytest.raises(FlushError) as e:
             s.flush()
         assert e.value.drives == [1] and paths[1] in str(e.value)
@@ -659,7 +645,7 @@ def test_a_drive_failing_after_taking_writes_fails_the_next_flush(tmp_path, back
 
 
 def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_next_flush(tmp_path, backend,
-                                                                                       monkeypatch):
+                                                                                       fdatasync_fails):
     """A full pool flushes to reuse the space of deleted objects; a drive failing there does not fail
     the put that needed the room, but the caller's next flush reports it."""
     with _open(_dirs(tmp_path, 2), backend, capacity_per_drive=5 * 4096) as s:  # 4 extents per drive
@@ -668,18 +654,18 @@ def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_nex
         assert all(d.free_bytes == 0 for d in s.drives)
         for k in keys[:4]:
             s.delete(k)
-        _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+        fdatasync_fails(s.drives[1].fd)
         assert s.put(b"more", b"w" * 100)
         assert not s.drives[1].healthy
         with pytest.raises(FlushError):
             s.flush()
 
 
-def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypatch, caplog):
+def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypatch, caplog, fdatasync_fails):
     paths = _dirs(tmp_path, 2)
     s = _open(paths, backend)
     assert all(s.put_many([(b"c%d" % i, b"c" * 100) for i in range(4)]))
-    _fdatasync_fails_on(monkeypatch, s.drives[1].fd)
+    fdatasync_fails(s.drives[1].fd)
     s.close()
     assert "fdatasync" in caplog.text
     monkeypatch.undo()

@@ -352,18 +352,6 @@ def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_du
         assert serve(tm, old) == [Tier.CAPACITY] * 4
 
 
-def _fdatasync_fails_on(monkeypatch, fd: int) -> None:
-    """fdatasync of ``fd`` fails with EIO (a drive that could not write its cache back); the others sync."""
-    real = os.fdatasync
-
-    def fdatasync(f: int) -> None:
-        if f == fd:
-            raise OSError(5, "Input/output error")
-        real(f)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
-
-
 def _drain(store) -> None:
     while store.engine.inflight():
         store.engine.poll(0.01)
@@ -394,13 +382,13 @@ def _demoting(tmp_path) -> tuple[TierManager, list[bytes], list[bytes]]:
     return tm, old, new
 
 
-def test_blocks_demoted_onto_a_drive_failing_its_flush_stay_on_the_ssds(tmp_path, monkeypatch):
+def test_blocks_demoted_onto_a_drive_failing_its_flush_stay_on_the_ssds(tmp_path, fdatasync_fails):
     """The capacity pool's flush that was to make demoted blocks durable fails on one drive: the blocks
     written there keep their SSD copies (nothing raised, nothing lost), the others move down."""
     tm, old, new = _demoting(tmp_path)
     with tm:
         cap = tm.stores[Tier.CAPACITY]
-        _fdatasync_fails_on(monkeypatch, cap.drives[1].fd)
+        fdatasync_fails(cap.drives[1].fd)
         serve(tm, new)
         tm.flush()
         assert not cap.drives[1].healthy
@@ -408,12 +396,12 @@ def test_blocks_demoted_onto_a_drive_failing_its_flush_stay_on_the_ssds(tmp_path
         assert len(got) == 4 and got.count(Tier.SSD) == 2 and got.count(Tier.CAPACITY) == 2
 
 
-def test_a_pool_drive_failing_its_flush_costs_its_blocks_not_the_call(tmp_path, monkeypatch):
+def test_a_pool_drive_failing_its_flush_costs_its_blocks_not_the_call(tmp_path, fdatasync_fails):
     """A drive failing its fdatasync in TierManager.flush: the cache degrades (the blocks written there are
     forgotten, as any failed drive's) and the flush does not raise."""
     with manager(tmp_path, dram_blocks=0, ssd=(2, 8), cap=None) as tm:
         ssd = tm.stores[Tier.SSD]
-        _fdatasync_fails_on(monkeypatch, ssd.drives[1].fd)
+        fdatasync_fails(ssd.drives[1].fd)
         ks = keys_of(0, 6)
         serve(tm, ks)
         tm.flush()

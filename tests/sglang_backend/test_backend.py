@@ -392,7 +392,7 @@ def test_failed_batch_fails_its_pages_only_and_leaks_no_lease(drives, monkeypatc
     b.close()
 
 
-def test_a_failed_flush_fails_the_pages_it_did_not_make_durable(drives, monkeypatch):
+def test_a_failed_flush_fails_the_pages_it_did_not_make_durable(drives, monkeypatch, fdatasync_fails):
     """A set is reported stored once durable.  A drive failing its fdatasync in that flush: the pages written
     to it are reported failed and dropped (a retry writes them again, on the other drive), the others are
     durable and stored.  A failed catalog sync fails (and drops) them all.  Nothing raises into SGLang."""
@@ -401,14 +401,8 @@ def test_a_failed_flush_fails_the_pages_it_did_not_make_durable(drives, monkeypa
     store = b.store
     keys = [f"d{i}" for i in range(6)]
     src = pages(pool, 0, 6)
-    real, bad = os.fdatasync, store.drives[1].fd
-
-    def fdatasync(fd: int) -> None:
-        if fd == bad:
-            raise OSError(5, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    real = os.fdatasync
+    fdatasync_fails(store.drives[1].fd)
     done = b.batch_set_v1(keys, src)
     assert done.count(True) == 3 and not store.drives[1].healthy
     assert [b.exists(k) for k in keys] == done

@@ -336,26 +336,19 @@ def test_a_failing_delete_during_a_load_reports_the_verified_chunks(drives, prim
     tier.shutdown()
 
 
-def _fail_catalog_sync(tier, monkeypatch) -> Callable[[], bool]:
+def _fail_catalog_sync(tier, monkeypatch, fdatasync_fails) -> Callable[[], bool]:
     fail_once(monkeypatch, tier.store.catalog, "sync", OSError(errno.EIO, "Input/output error"))
     return lambda: True
 
 
-def _fail_a_drives_fdatasync(tier, monkeypatch) -> Callable[[], bool]:
-    real, bad = os.fdatasync, tier.store.drives[1].fd
-
-    def fdatasync(fd: int) -> None:
-        if fd == bad:
-            raise OSError(errno.EIO, "Input/output error")
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+def _fail_a_drives_fdatasync(tier, monkeypatch, fdatasync_fails) -> Callable[[], bool]:
+    fdatasync_fails(tier.store.drives[1].fd)
     return lambda: not tier.store.drives[1].healthy  # taken out of service; later stores avoid it
 
 
 @pytest.mark.parametrize("inject", [_fail_catalog_sync, _fail_a_drives_fdatasync],
                          ids=["catalog sync", "a drive's fdatasync"])
-def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch, inject):
+def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monkeypatch, fdatasync_fails, inject):
     """Stores are reported once durable: a flush that fails fails them, and emits no 'stored' event for
     them; later stores are stored."""
     spec = offloading_spec(LAYOUT, CHUNKS * LAYOUT.block_bytes)
@@ -364,7 +357,7 @@ def test_a_failing_flush_reports_its_stores_not_stored(drive_dirs, primary, monk
     keys = keys_for(8)
     fill(primary, range(8))
     run = JobRunner(tier)
-    injected = inject(tier, monkeypatch)
+    injected = inject(tier, monkeypatch, fdatasync_fails)
     assert not run_within(run, keys[:4], range(4), load=False).success
     assert list(tier.take_events()) == [] and injected()
     assert run_within(run, keys[4:], range(4, 8), load=False).success
