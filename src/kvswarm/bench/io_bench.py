@@ -708,7 +708,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{results['seconds']:.0f} s; load average {load0:.1f} -> {results['load_avg_1min'][1]:.1f} "
                   f"on {results['cpus']} CPUs")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_json(args.json, results)
         plot(results, os.path.splitext(args.json)[0] + ".png")
         console.print(f"wrote {args.json}")

@@ -524,7 +524,6 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"load average (1/5/15 min) at start {results['load_avg_start']}, end {results['load_avg_end']} "
                   f"on {results['cpus']} CPUs")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)) or ".", exist_ok=True)
         write_json(args.json, results)
         stem = os.path.splitext(args.json)[0]
         for p in plot(results, stem):

@@ -441,7 +441,6 @@ def run(args: argparse.Namespace, lm=None) -> int:
     print_table(results, console)
     console.print(f"{results['seconds']:.0f} s in all")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         write_json(args.json, results)
         png = os.path.splitext(args.json)[0] + ".png"
         plot(results, png)
