@@ -153,11 +153,8 @@ class Prefetch:
         mgr, self._mgr = self._mgr, None
         if mgr is None:
             return
-        pins, self._pins = self._pins, []
-        for _, s in pins:
-            s.unpin()
-        mgr._orphans.extend(h for *_, h in self._chunks)
-        self._chunks = []
+        mgr._abandon([s for _, s in self._pins], [h for *_, h in self._chunks])
+        self._pins, self._chunks = [], []
 
     def __enter__(self) -> Prefetch:
         return self
@@ -209,9 +206,7 @@ class Prefetch:
             # once its handle is dropped (below); those not reached yet are orphaned.
             for r in results:
                 r.release()
-            for _, s in self._pins:
-                s.unpin()
-            mgr._orphans.extend(h for *_, h in self._chunks[taken:])
+            mgr._abandon([s for _, s in self._pins], [h for *_, h in self._chunks[taken:]])
             self._chunks = []
             raise
         pins = [s for i, s in self._pins if i < usable]
@@ -286,10 +281,7 @@ class TierManager:
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
         while self._dropped:
-            pins, reads = self._dropped.popleft()
-            for s in pins:
-                s.unpin()
-            self._orphans += reads
+            self._abandon(*self._dropped.popleft())
         self._reap(wait=False)
         self._check_health()
         digests = [key_digest(k) for k in keys]
@@ -457,6 +449,12 @@ class TierManager:
             self._lost_in_pool(digest, src)
             return None
         return v
+
+    def _abandon(self, pins: list[Slot], reads: list[GetHandle]) -> None:
+        """Let go of an unconsumed prefetch's DRAM pins now; its reads' buffers go once they are back."""
+        for s in pins:
+            s.unpin()
+        self._orphans += reads
 
     def _lost_in_pool(self, digest: bytes, tier: Tier) -> None:
         """A pool block read back missing, corrupt or not the block asked for: the director forgets
