@@ -673,6 +673,29 @@ def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypat
         assert len(s) == 4
 
 
+@pytest.mark.parametrize("fails", ["sync", "checkpoint"])
+def test_close_closes_everything_when_the_catalog_cannot_be_synced(tmp_path, backend, monkeypatch, fails):
+    """The catalog's journal sync or checkpoint raising (its disk full or failing) reaches the caller, and
+    the store still lets go of its drives, journal and writer lock: the next open finds what was journaled."""
+    paths = _dirs(tmp_path, 2)
+    fds = len(os.listdir("/proc/self/fd"))
+    s = _open(paths, backend)
+    assert all(s.put_many([(b"j%d" % i, b"j" * 100) for i in range(4)]))
+    s.flush()
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(s.catalog, fails, broken)
+    with pytest.raises(OSError, match="No space"):
+        s.close()
+    assert len(os.listdir("/proc/self/fd")) == fds  # drives, journal and writer lock all closed
+    s.close()  # closed already: nothing to do
+    monkeypatch.undo()
+    with _open(paths, backend) as s:  # the writer lock was let go
+        assert len(s) == 4 and s.get(b"j3") == b"j" * 100
+
+
 def test_thread_workers_keep_their_own_handle_on_the_drive(tmp_path):
     """A worker stuck on a failing drive past close() must not later write into whatever file
     reuses the store's fd number: workers hold duplicates of it."""

@@ -674,8 +674,11 @@ class Catalog:
         return np.concatenate([out, np.array(rows_, CKPT_DTYPE)])
 
     def close(self) -> None:
-        if self._jfd >= 0:
-            self.sync()
-            os.close(self._jfd)
-            self._jfd = -1
-        self._keep_journal(-1)
+        try:
+            if self._jfd >= 0:
+                self.sync()  # may raise (the journal's disk failing): the fds are closed all the same
+        finally:
+            if self._jfd >= 0:
+                os.close(self._jfd)
+                self._jfd = -1
+            self._keep_journal(-1)

@@ -1010,17 +1010,25 @@ class KVStore:
         self.engine.close()
         while self._verifying:  # the worker holds views of the pool until it is done
             self._verifying.popleft().wait()
-        if not self.config.follow:
+        try:
+            if not self.config.follow:
+                try:
+                    self.flush()
+                except FlushError as e:  # closed all the same: a caller that needs durability flushes first
+                    log.error("closing the store: %s", e)
+                self.catalog.checkpoint()
+        finally:
+            # A catalog sync that raises (its disk full or failing) still closes the rest, and the
+            # error reaches the caller: a half-closed store would keep its drives' fds and the writer
+            # lock, so no process could open the store for writing until this one exits.  What the
+            # journal already holds is found again at the next open.
             try:
-                self.flush()
-            except FlushError as e:  # closed all the same: a caller that needs durability flushes first
-                log.error("closing the store: %s", e)
-            self.catalog.checkpoint()
-        self.catalog.close()
-        for d in self.drives:
-            d.close()
-        self._unlock_writer()
-        self.engine = None  # type: ignore[assignment]
+                self.catalog.close()
+            finally:
+                for d in self.drives:
+                    d.close()
+                self._unlock_writer()
+                self.engine = None  # type: ignore[assignment]
 
     def __enter__(self) -> KVStore:
         return self
