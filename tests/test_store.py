@@ -355,6 +355,47 @@ def test_real_io_errors_are_counted_and_isolated(tmp_path, backend):
         os.close(ro)
 
 
+def test_drop_unreadable_deletes_exactly_the_objects_on_a_failed_drive(tmp_path, backend):
+    """Every object with an extent on a drive out of service (any of its parts) is deleted, journaled, and
+    named; the others stay readable.  Nothing to do while every drive is healthy, nor a second time."""
+    paths = _dirs(tmp_path, 4)
+    with _open(paths, backend, stripe_unit=8192) as s:
+        items = [(b"u%d" % i, _payload(b"u%d" % i, 20000 if i % 2 else 5000)) for i in range(24)]  # 3 parts or 1
+        assert all(s.put_many(items))
+        s.flush()
+        assert s.drop_unreadable() == []
+        drives = {k: [x[0] for x in s.catalog.get(_digest(k)).extents] for k, _ in items}
+        lost = {k for k, on in drives.items() if 1 in on}
+        assert 0 < len(lost) < len(items) and any(drives[k][0] != 1 for k in lost)  # some on 1 by a later part
+        s.fail_drive(1)
+        dropped = s.drop_unreadable()
+        assert sorted(dropped) == sorted(_digest(k) for k in lost)
+        assert s.drop_unreadable() == []
+        kept = [(k, v) for k, v in items if k not in lost]
+        assert len(s) == len(kept) and not any(k in s for k in lost)
+        with s.get_many([k for k, _ in kept]) as r:
+            assert r.misses == 0 and [bytes(v) for v in r.views] == [v for _, v in kept]
+    with _open(paths, backend, stripe_unit=8192) as s:  # drive 1 back in service: the deletes were journaled
+        assert len(s) == len(kept) and not any(k in s for k in lost)
+        with s.get_many([k for k, _ in kept]) as r:
+            assert r.misses == 0 and [bytes(v) for v in r.views] == [v for _, v in kept]
+
+
+def test_a_follower_drops_unreadable_objects_from_its_own_view_only(tmp_path, backend):
+    """A follower writes nothing: it forgets the objects on a drive it took out of service, and its
+    writer's catalog keeps them."""
+    paths = _dirs(tmp_path, 2)
+    with _open(paths, backend) as s:
+        assert all(s.put_many([(b"f%d" % i, b"f" * 5000) for i in range(6)]))
+    with _open(paths, backend, follow=True) as f:
+        f.fail_drive(1)
+        dropped = f.drop_unreadable()
+        assert 0 < len(dropped) < 6 and len(f) == 6 - len(dropped)
+        assert not any(f.catalog.get(d) for d in dropped)
+    with _open(paths, backend) as s:
+        assert len(s) == 6 and all(s.catalog.get(d) for d in dropped)
+
+
 def test_bad_drive_paths(tmp_path):
     with pytest.raises(DriveError, match="does not exist"):
         KVStore.open([str(tmp_path / "missing")])

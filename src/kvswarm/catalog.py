@@ -594,6 +594,14 @@ class Catalog:
         return (np.concatenate([owner, np.array(rows, np.int64)]), np.concatenate([drv.astype(np.int64), m[:, 0]]),
                 np.concatenate([off.astype(np.int64), m[:, 1]]), np.concatenate([ln.astype(np.int64), m[:, 2]]))
 
+    def digests_on(self, drives: Sequence[int]) -> list[bytes]:
+        """Digests of the objects with at least one extent on any of ``drives`` (a failed drive's objects),
+        in one pass over the extent columns.  Under the lock: another thread's put or delete changes the
+        map of multi-extent rows that pass walks, and may hand a row to another key before it is named."""
+        with self._lock:
+            owner, drv, _, _ = self.extent_columns()
+            return [self.digest_at(r) for r in np.unique(owner[np.isin(drv, list(drives))]).tolist()]
+
     def digest_at(self, row: int) -> bytes:
         return self._rows["digest"][row].tobytes()
 

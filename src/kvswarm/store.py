@@ -1041,6 +1041,26 @@ class KVStore:
         """Stop using a drive: its objects become misses, new writes avoid it."""
         self.drives[index].fail(reason)
 
+    def unreadable_digests(self) -> list[bytes]:
+        """Digests of the objects with an extent on a drive out of service; [] at once while every drive is
+        healthy (one pass over the catalog's extent columns otherwise, not an Entry per object)."""
+        dead = [d.index for d in self.drives if not d.healthy]
+        return self.catalog.digests_on(dead) if dead else []
+
+    def drop_unreadable(self) -> list[bytes]:
+        """Delete the objects that :meth:`unreadable_digests` names, as :meth:`delete_digest` does (journaled; a
+        follower only forgets them, until its writer journals them again), and return their digests: a
+        lookup then misses on them, where it would have found objects whose every read fails.  [] at once
+        while every drive is healthy; else a pass over the catalog, so callers call it when a drive failed.
+        A put in flight meanwhile may still land on the failed drive: its reads fail, and callers delete it."""
+        out = []
+        for dg in self.unreadable_digests():
+            # Rewritten on healthy drives since (another thread's put): kept.
+            e = self.catalog.get(dg)
+            if e is not None and any(not self.drives[x[0]].healthy for x in e.extents) and self.delete_digest(dg):
+                out.append(dg)
+        return out
+
     @property
     def drive_stats(self) -> list[DriveStats]:
         return [d.stats for d in self.drives]

@@ -249,6 +249,27 @@ def test_corrupt_page_is_a_miss_and_dropped(drives):
     b.close()
 
 
+def test_pages_on_a_failed_drive_stop_existing_at_once(drives):
+    """A drive taken out of service: the next call drops the pages on it (journaled), so existence checks
+    miss on them rather than SGLang scheduling reads that fail; the other pages stay, also after a restart."""
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    keys = [f"x{i}" for i in range(6)]
+    assert all(b.batch_set_v1(keys, pages(pool, 0, 6)))
+    store = b.store
+    on_1 = [store.catalog.get(key_digest(b._key(k))).extents[0][0] == 1 for k in keys]
+    assert any(on_1) and not all(on_1)
+    store.fail_drive(1)
+    assert b.batch_exists(keys) == on_1.index(True)
+    assert b.batch_exists_v2(keys).kv_hit_pages == on_1.index(True)
+    assert [b.exists(k) for k in keys] == [not x for x in on_1]
+    assert store.counters["gets"] == 0 and len(store) == on_1.count(False)
+    b.close()
+    b = open_backend(drives, pool)  # drive 1 back in service: what was dropped stays gone
+    assert [b.exists(k) for k in keys] == [not x for x in on_1]
+    b.close()
+
+
 def test_v2_pools_and_trailing_hit_policy(drives):
     kv, swa = host_pool("page_first", 1), host_pool("page_first", 2)
     b = open_backend(drives, kv)

@@ -135,6 +135,27 @@ def test_failed_drive_degrades_to_misses(drives, primary):
     tier.shutdown()
 
 
+def test_chunks_on_a_failed_drive_miss_at_once_without_a_load(drives, primary, fdatasync_fails):
+    """A drive failing its fdatasync in the driver's flush: the chunks on it are forgotten before that store
+    job is reported, so lookups miss on them with no load scheduled (nor failed) and hit on the others; the
+    eviction policy forgets them too, and shrinks to the drives left."""
+    keys = keys_for(9)
+    fill(primary, range(13))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys, range(9), load=False).success
+    on_1 = {k for k in keys if tier.store.catalog.entries[key_digest(tier.keyspace.key(k))].extents[0][0] == 1}
+    assert 0 < len(on_1) < 9
+    capacity = tier.residency.capacity
+    fdatasync_fails(tier.store.drives[1].fd)
+    assert not run.run(keys_for(4, salt=1), range(9, 13), load=False).success  # its flush fails drive 1
+    assert not tier.store.drives[1].healthy
+    assert run.lookup(keys) == [LookupResult.MISS if k in on_1 else LookupResult.HIT for k in keys]
+    assert tier.store.counters["gets"] == 0
+    assert len(tier.residency.policy) == len(tier.store) and tier.residency.capacity == capacity * 2 // 3
+    tier.shutdown()
+
+
 def test_tenant_and_layout_isolate_keys(drives, primary):
     keys = keys_for(3)
     fill(primary, range(3))

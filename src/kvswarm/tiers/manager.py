@@ -649,10 +649,8 @@ class TierManager:
                 continue
             self._healthy[t] = healthy
             self._reap(t)
-            dead = {d.index for d in s.drives if not d.healthy}
-            for dg, e in list(s.catalog.entries.items()):
-                if any(x[0] in dead for x in e.extents):
-                    self._lost_in_pool(dg, t)  # its puts were reaped above: dropped at once
+            for dg in s.unreadable_digests():
+                self._lost_in_pool(dg, t)  # its puts were reaped above: dropped at once
             log.warning("%s pool: %d of %d drives healthy", t.name, healthy, len(s.drives))
             self._execute(self.director.resize(t, block_capacity(s, self.config.block_bytes)), {})
 

@@ -175,6 +175,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self._shared_dir, self._rank_dir = shared_dir(storage_config), rank_dir(storage_config)
         self._stores: dict[str, KVStore] = {}  # by directory under each drive
         self._opening = threading.Lock()  # SGLang's backup and prefetch threads may both open a store first
+        self._healthy: dict[str, int] = {}  # per store: its healthy drives when its unreadable pages were dropped
+        self._dropping = threading.Lock()  # one thread drops them, the others wait for it
         self.mem_pool_host = None
         self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
@@ -199,7 +201,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         """The store of ``pool``'s pages on this rank: for MLA models the store their TP ranks
         share, but for TP-sharded Mamba state; otherwise this rank's own.  A follower takes in what
         its writer has flushed (one ``stat`` when nothing); None while the writer has not made its
-        store yet."""
+        store yet.  Once one of its drives has failed, the pages on it are dropped first (see
+        ``_drop_unreadable``)."""
         shared = self.replicated and str(pool) != PoolName.MAMBA.value
         sub, follow = (self._shared_dir, not self.writer) if shared else (self._rank_dir, self.follow)
         store = self._stores.get(sub)
@@ -214,7 +217,27 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                         return None  # its writer has not made it yet: a miss for now
         elif follow:
             store.refresh()
+        if sum(d.healthy for d in store.drives) != self._healthy.get(sub, len(store.drives)):
+            self._drop_unreadable(sub, store)
         return store
+
+    def _drop_unreadable(self, sub: str, store: KVStore) -> None:
+        """Delete the pages with an extent on a failed drive of ``store``, so existence checks miss on them
+        rather than SGLang scheduling reads that fail and then recomputing.  A follower only forgets them: its
+        writer may journal more there, which then fail their reads and are deleted."""
+        with self._dropping:
+            healthy = sum(d.healthy for d in store.drives)
+            if healthy == self._healthy.get(sub, len(store.drives)):
+                return  # another thread dropped them meanwhile
+            try:
+                dropped = store.drop_unreadable()
+            except (KVSwarmError, OSError) as e:  # a journal write: their reads fail and delete them instead
+                log.error("kvswarm HiCache backend: dropping the pages on a failed drive failed: %s", e)
+                return
+            finally:
+                self._healthy[sub] = healthy  # tried once per failure, not once per call
+        log.warning("kvswarm HiCache backend: %s: %d of %d drives healthy; forgot the %d pages on the failed ones",
+                    sub, healthy, len(store.drives), len(dropped))
 
     @property
     def store(self) -> KVStore | None:

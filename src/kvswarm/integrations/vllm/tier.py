@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -130,6 +130,8 @@ class Residency:
         """A lookup hit: refresh ``key``, adopting it if an earlier process stored it."""
         if self.policy.touch(key):
             return []
+        if KEY_DIGEST(key) not in self._catalog:  # deleted since its lookup (a failed load or drive): not held
+            return []
         if self.unknown:
             self.unknown -= 1
             self._adopted.add(KEY_DIGEST(key))
@@ -155,6 +157,19 @@ class Residency:
 
     def forget(self, key: bytes) -> None:
         self.policy.remove(key)
+
+    def drop(self, digests: Collection[bytes], capacity: int) -> list[bytes]:
+        """Chunks deleted with a failed drive, and the capacity of the drives left: the policy forgets the
+        keys it holds among them (found by their digests), the rest were unknown ones; returns the victims
+        of the smaller pool."""
+        gone = set(digests)
+        known = [k for k in self.policy if KEY_DIGEST(k) in gone]
+        for k in known:
+            self.policy.remove(k)
+        self._adopted -= gone
+        self.capacity = capacity
+        self.unknown = min(max(0, self.unknown - (len(gone) - len(known))), capacity)
+        return self.policy.resize(capacity - self.unknown)
 
 
 @dataclass
@@ -234,6 +249,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._seen: deque[bytes] = deque(maxlen=0 if follow else None)
         self._delete_after_write: set[bytes] = set()
         self._evicted_since_flush = 0
+        self._healthy = len(self.store.drives)  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store.catalog, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
@@ -297,11 +313,12 @@ class KVSwarmTierManager(SecondaryTierManager):
         return None
 
     def _capacity_chunks(self) -> int:
-        """Chunks the pool holds: whole objects per drive (extents of one size never fragment)."""
+        """Chunks the pool's healthy drives hold: whole objects per drive (extents of one size never fragment)."""
         per_object = self._chunk_extent_bytes
+        drives = [d for d in self.store.drives if d.healthy]
         if self.block_size_bytes <= self.store.config.stripe_unit - HEADER_SIZE:  # one extent per chunk
-            return sum((d.capacity - d.data_start) // per_object for d in self.store.drives)
-        return sum(d.capacity - d.data_start for d in self.store.drives) // per_object
+            return sum((d.capacity - d.data_start) // per_object for d in drives)
+        return sum(d.capacity - d.data_start for d in drives) // per_object
 
     def _enqueue(self, job: TransferJob, load: bool) -> None:
         keys = list(job.keys)
@@ -392,6 +409,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                         if not j.load:
                             self._put_failed(b[3])
                 progressed = True
+        self._drop_unreadable()  # before any job is reported: a drive may have failed in its I/O
         finished = [j for j in active if j.done]
         for j in finished:
             active.remove(j)
@@ -405,6 +423,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         if unflushed and (not any(not j.load for j in active)
                           or time.perf_counter() - unflushed[0].t_done > self.flush_interval):
             self._flush()
+            self._drop_unreadable()  # a drive failing its fdatasync: gone before the stores are reported
             for j in unflushed:
                 if j.flush_failures != self._flush_failures:
                     # A flush failed since it wrote (this one or an earlier one): a later fsync that
@@ -526,6 +545,19 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._delete_after_write.discard(v)
             if self.store.delete(v):
                 self._evicted_since_flush += 1
+
+    def _drop_unreadable(self) -> None:
+        """Once a drive has failed (seen in the count of healthy drives: a few attribute reads a step), delete
+        the chunks with an extent on it, so that lookups miss on them rather than schedule loads that fail
+        and recompute; the policy shrinks to the drives left."""
+        healthy = sum(d.healthy for d in self.store.drives)
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy  # first: a drop that raises is not retried every step (failed loads delete)
+        dropped = self.store.drop_unreadable()
+        log.warning("kvswarm tier: %d of %d drives healthy; forgot the %d chunks on the failed ones", healthy,
+                    len(self.store.drives), len(dropped))
+        self._evict(self.residency.drop(dropped, self._capacity_chunks()))
 
     def _delete_digest(self, digest: bytes) -> bool:
         """Delete a chunk known by its digest only (:class:`Residency`); its space is reusable after a flush."""
