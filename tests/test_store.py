@@ -20,15 +20,6 @@ BACKENDS = ["threads", "uring"]
 MiB = 1 << 20
 
 
-def _dirs(root, n):
-    out = []
-    for i in range(n):
-        p = root / f"d{i}"
-        p.mkdir()
-        out.append(str(p))
-    return out
-
-
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
@@ -56,8 +47,8 @@ def _payload(key: bytes, n: int) -> bytes:
     return np.random.default_rng(int.from_bytes(key[:8].ljust(8, b"\0"), "little")).bytes(n)
 
 
-def test_roundtrip_striped_over_all_drives(tmp_path, backend):
-    paths = _dirs(tmp_path, 4)
+def test_roundtrip_striped_over_all_drives(backend, drive_dirs):
+    paths = drive_dirs(4)
     sizes = [1, 100, 4032, 4033, 16000, 65536, 300_000, 2 * MiB + 17]
     items = [(f"key-{i}".encode(), _payload(f"key-{i}".encode(), n)) for i, n in enumerate(sizes * 3)]
     with _open(paths, backend, stripe_unit=256 * 1024) as s:
@@ -71,8 +62,8 @@ def test_roundtrip_striped_over_all_drives(tmp_path, backend):
         assert all(d["direct_io"] for d in s.stats()["drives"])
 
 
-def test_async_handles_overlap(tmp_path, backend):
-    with _open(_dirs(tmp_path, 2), backend) as s:
+def test_async_handles_overlap(backend, drive_dirs):
+    with _open(drive_dirs(2), backend) as s:
         h1 = s.submit_put([(b"a%d" % i, _payload(b"a%d" % i, 5000)) for i in range(50)])
         h2 = s.submit_put([(b"b%d" % i, _payload(b"b%d" % i, 9000)) for i in range(50)])
         assert all(h2.wait()) and all(h1.wait())
@@ -85,10 +76,10 @@ def test_async_handles_overlap(tmp_path, backend):
                 assert [bytes(v) for v in r.views] == [_payload(pre + b"%d" % i, n) for i in range(50)]
 
 
-def test_numpy_and_torch_views_are_zero_copy(tmp_path):
+def test_numpy_and_torch_views_are_zero_copy(drive_dirs):
     torch = pytest.importorskip("torch")
     arr = np.arange(2048, dtype=np.float32)
-    with _open(_dirs(tmp_path, 1), "threads") as s:
+    with _open(drive_dirs(1), "threads") as s:
         s.put(b"arr", arr)
         with s.get_many([b"arr"]) as r:
             got = np.frombuffer(r.views[0], np.float32)
@@ -98,8 +89,8 @@ def test_numpy_and_torch_views_are_zero_copy(tmp_path):
             assert t.data_ptr() == got.ctypes.data
 
 
-def test_overwrite_delete_and_reopen(tmp_path, backend):
-    paths = _dirs(tmp_path, 3)
+def test_overwrite_delete_and_reopen(backend, drive_dirs):
+    paths = drive_dirs(3)
     with _open(paths, backend) as s:
         s.put(b"k", b"old" * 1000)
         s.put(b"k", b"new" * 2000)
@@ -112,8 +103,8 @@ def test_overwrite_delete_and_reopen(tmp_path, backend):
         assert sum(d["capacity"] - d["free_bytes"] for d in s.stats()["drives"]) == used
 
 
-def test_handles_finish_in_completion_order(tmp_path, backend):
-    with _open(_dirs(tmp_path, 2), backend) as s:
+def test_handles_finish_in_completion_order(backend, drive_dirs):
+    with _open(drive_dirs(2), backend) as s:
         s.put_many([(b"o%d" % i, _payload(b"o%d" % i, 5000)) for i in range(40)])
         assert s.progress(0) == 0  # nothing in flight: returns at once
         live = [s.submit_get([b"o%d" % i for i in range(j, j + 10)]) for j in range(0, 40, 10)]
@@ -131,8 +122,8 @@ def test_handles_finish_in_completion_order(tmp_path, backend):
         assert seen == 40
 
 
-def test_corrupted_extent_is_a_counted_miss(tmp_path, backend, overwrite):
-    paths = _dirs(tmp_path, 2)
+def test_corrupted_extent_is_a_counted_miss(backend, overwrite, drive_dirs):
+    paths = drive_dirs(2)
     with _open(paths, backend) as s:
         items = [(b"c%d" % i, _payload(b"c%d" % i, 6000)) for i in range(20)]
         s.put_many(items)
@@ -148,8 +139,8 @@ def test_corrupted_extent_is_a_counted_miss(tmp_path, backend, overwrite):
         assert sum(d.misses for d in s.drive_stats) == r.corrupt
 
 
-def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path, backend, overwrite):
-    paths = _dirs(tmp_path, 3)
+def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(backend, overwrite, drive_dirs):
+    paths = drive_dirs(3)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         items = [(b"m%d" % i, _payload(b"m%d" % i, 200_000 + i)) for i in range(6)]  # 4 extents each
         s.put_many(items)
@@ -167,10 +158,10 @@ def test_multi_extent_objects_are_joined_in_place_and_verified_per_part(tmp_path
             assert all(bytes(got) == v for (_, v), got in zip(items[1:], r.views[1:]))
 
 
-def test_single_thread_io_store_round_trips(tmp_path, backend):
+def test_single_thread_io_store_round_trips(backend, drive_dirs):
     """A store driven from one thread may let io_uring defer completions to that thread's next
     system call (COOP_TASKRUN): reads and writes must still complete while it waits."""
-    with _open(_dirs(tmp_path, 2), backend, single_thread_io=True) as s:
+    with _open(drive_dirs(2), backend, single_thread_io=True) as s:
         items = [(b"s%d" % i, _payload(b"s%d" % i, 5000 + i)) for i in range(64)]
         assert all(s.submit_put(items).wait())
         handles = [s.submit_get([k for k, _ in items[i:i + 8]]) for i in range(0, 64, 8)]
@@ -179,10 +170,10 @@ def test_single_thread_io_store_round_trips(tmp_path, backend):
                 assert [bytes(v) for v in r.views] == [v for _, v in items[i * 8:i * 8 + 8]]
 
 
-def test_whole_sector_payloads_start_on_their_own_sector(tmp_path):
+def test_whole_sector_payloads_start_on_their_own_sector(drive_dirs):
     """A payload of whole 4 KiB sectors starts at 4096 in its extent (flagged in the header, the
     header's sector zero-padded) in as many bytes as the packed layout; others follow the header."""
-    paths = _dirs(tmp_path, 1)
+    paths = drive_dirs(1)
     with _open(paths, "threads") as s:
         s.put_many([(b"sec", _payload(b"sec", 8192)), (b"packed", _payload(b"packed", 4032))])
         s.flush()
@@ -201,10 +192,10 @@ def _aligned(n: int) -> memoryview:
     return memoryview(mmap.mmap(-1, n))  # page-aligned
 
 
-def test_reads_into_caller_buffers(tmp_path, backend):
+def test_reads_into_caller_buffers(backend, drive_dirs):
     """`into`: every verified payload lands in its caller's buffer (whole-sector, packed,
     multi-extent, an unaligned buffer alike), read through the pool and copied there."""
-    paths = _dirs(tmp_path, 3)
+    paths = drive_dirs(3)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         sizes = {b"sectors": 16384, b"packed": 6000, b"multi": 150_000, b"unaligned": 8192}
         s.put_many([(k, _payload(k, n)) for k, n in sizes.items()])
@@ -239,11 +230,11 @@ def _gather(r: Runs) -> bytes:
     return b"".join(bytes(r.base[o:o + n]) for o, n in zip(r.off.tolist(), r.lens.tolist()))
 
 
-def test_reads_scattered_over_runs(tmp_path, backend, overwrite):
+def test_reads_scattered_over_runs(backend, overwrite, drive_dirs):
     """Runs receive their object in order (one extent or several; every run a slice of one base
     buffer); runs that do not add up to the object's length, or a corrupt payload, are misses that
     leave the runs as they were."""
-    paths = _dirs(tmp_path, 2)
+    paths = drive_dirs(2)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         sizes = {b"page": 16384, b"multi": 150_000, b"short": 8192, b"rot": 8192, b"multi_rot": 150_000}
         s.put_many([(k, _payload(k, n)) for k, n in sizes.items()])
@@ -270,9 +261,9 @@ def test_reads_scattered_over_runs(tmp_path, backend, overwrite):
             assert r.misses == 0 and _gather(again) == _payload(b"page", 16384)
 
 
-def test_put_gathers_runs(tmp_path, backend):
+def test_put_gathers_runs(backend, drive_dirs):
     """Runs are stored as their concatenation (one extent or several), checksummed."""
-    with _open(_dirs(tmp_path, 2), backend, stripe_unit=64 * 1024) as s:
+    with _open(drive_dirs(2), backend, stripe_unit=64 * 1024) as s:
         small, big = _payload(b"small", 12288), _payload(b"big", 150_000)
         base = bytearray(1 << 20)
         rs, rb = _scattered(len(small), base, 0), _scattered(len(big), base, 100_000)
@@ -288,12 +279,12 @@ def test_put_gathers_runs(tmp_path, backend):
 
 
 @pytest.mark.parametrize("job_bytes", [4 << 20, 8192])
-def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite, job_bytes, monkeypatch):
+def test_reads_into_caller_buffers_are_verified(backend, overwrite, job_bytes, monkeypatch, drive_dirs):
     """A corrupt payload or a header that no longer matches is a counted miss, and the caller's
     buffer is left as it was: never a hit with wrong bytes.  Also with a batch verified as one
     native job per payload (``job_bytes`` 8192)."""
     monkeypatch.setattr(store_mod, "VERIFY_JOB_BYTES", job_bytes)
-    paths = _dirs(tmp_path, 1)
+    paths = drive_dirs(1)
     with _open(paths, backend) as s:
         items = [(b"v%d" % i, _payload(b"v%d" % i, 8192)) for i in range(4)]
         s.put_many(items)
@@ -314,8 +305,8 @@ def test_reads_into_caller_buffers_are_verified(tmp_path, backend, overwrite, jo
             assert r.views == [None, None] and r.misses == 2 and r.failed == [0]
 
 
-def test_enospc_gives_drivefull_and_store_survives(tmp_path, backend):
-    with _open(_dirs(tmp_path, 2), backend, capacity_per_drive=64 * 1024) as s:
+def test_enospc_gives_drivefull_and_store_survives(backend, drive_dirs):
+    with _open(drive_dirs(2), backend, capacity_per_drive=64 * 1024) as s:
         stored = 0
         with pytest.raises(DriveFull):
             for i in range(100):
@@ -327,8 +318,8 @@ def test_enospc_gives_drivefull_and_store_survives(tmp_path, backend):
         assert s.put(b"again", b"y" * 8000)
 
 
-def test_failed_drive_degrades_not_crashes(tmp_path, backend):
-    with _open(_dirs(tmp_path, 4), backend) as s:
+def test_failed_drive_degrades_not_crashes(backend, drive_dirs):
+    with _open(drive_dirs(4), backend) as s:
         items = [(b"h%d" % i, _payload(b"h%d" % i, 5000)) for i in range(40)]
         s.put_many(items)
         s.fail_drive(1)
@@ -340,8 +331,8 @@ def test_failed_drive_degrades_not_crashes(tmp_path, backend):
         assert all(e[0] != 1 for i in range(8) for e in s.catalog.get(_digest(b"n%d" % i)).extents)
 
 
-def test_real_io_errors_are_counted_and_isolated(tmp_path, backend):
-    paths = _dirs(tmp_path, 2)
+def test_real_io_errors_are_counted_and_isolated(backend, drive_dirs):
+    paths = drive_dirs(2)
     with _open(paths, backend, error_threshold=2) as s:
         s.put_many([(b"e%d" % i, b"v" * 5000) for i in range(10)])
         # Swap drive 0's descriptor for a read-only one: its writes now fail with EBADF in the kernel.
@@ -355,10 +346,10 @@ def test_real_io_errors_are_counted_and_isolated(tmp_path, backend):
         os.close(ro)
 
 
-def test_drop_unreadable_deletes_exactly_the_objects_on_a_failed_drive(tmp_path, backend):
+def test_drop_unreadable_deletes_exactly_the_objects_on_a_failed_drive(backend, drive_dirs):
     """Every object with an extent on a drive out of service (any of its parts) is deleted, journaled, and
     named; the others stay readable.  Nothing to do while every drive is healthy, nor a second time."""
-    paths = _dirs(tmp_path, 4)
+    paths = drive_dirs(4)
     with _open(paths, backend, stripe_unit=8192) as s:
         items = [(b"u%d" % i, _payload(b"u%d" % i, 20000 if i % 2 else 5000)) for i in range(24)]  # 3 parts or 1
         assert all(s.put_many(items))
@@ -381,10 +372,10 @@ def test_drop_unreadable_deletes_exactly_the_objects_on_a_failed_drive(tmp_path,
             assert r.misses == 0 and [bytes(v) for v in r.views] == [v for _, v in kept]
 
 
-def test_a_follower_drops_unreadable_objects_from_its_own_view_only(tmp_path, backend):
+def test_a_follower_drops_unreadable_objects_from_its_own_view_only(backend, drive_dirs):
     """A follower writes nothing: it forgets the objects on a drive it took out of service, and its
     writer's catalog keeps them."""
-    paths = _dirs(tmp_path, 2)
+    paths = drive_dirs(2)
     with _open(paths, backend) as s:
         assert all(s.put_many([(b"f%d" % i, b"f" * 5000) for i in range(6)]))
     with _open(paths, backend, follow=True) as f:
@@ -439,10 +430,10 @@ def test_unaligned_requests_rejected(tmp_path, backend):
     os.close(fd)
 
 
-def test_prometheus_export(tmp_path):
+def test_prometheus_export(drive_dirs):
     from prometheus_client import generate_latest
 
-    with _open(_dirs(tmp_path, 2), "threads") as s:
+    with _open(drive_dirs(2), "threads") as s:
         s.put_many([(b"p%d" % i, b"x" * 4000) for i in range(10)])
         s.get_many([b"p%d" % i for i in range(10)]).release()
         text = generate_latest(s.registry()).decode()
@@ -459,11 +450,11 @@ def test_latency_samples_are_folded_without_a_reader():
     assert counts.sum() == FOLD_EVERY + 10 and total == pytest.approx((FOLD_EVERY + 10) * 1e-4)
 
 
-def test_reads_leave_no_reference_cycles(tmp_path, backend):
+def test_reads_leave_no_reference_cycles(backend, drive_dirs):
     """A batch's requests must be freed by refcounting: cycles made the cyclic GC cost ~20% of a 4 KiB read."""
     import gc
 
-    with _open(_dirs(tmp_path, 2), backend) as s:
+    with _open(drive_dirs(2), backend) as s:
         s.put_many([(b"c%d" % i, b"x" * 4000) for i in range(64)])
         s.get_many([b"c%d" % i for i in range(64)]).release()
         gc.collect()
@@ -488,7 +479,7 @@ def _digest(k):
     return key_digest(k)
 
 
-def test_reads_racing_writes_and_deletes_on_another_thread_never_return_wrong_bytes(tmp_path, backend):
+def test_reads_racing_writes_and_deletes_on_another_thread_never_return_wrong_bytes(backend, drive_dirs):
     """The vLLM tier looks up and reads on one thread while its driver writes and evicts on
     another: a racing read may miss, never return another object's or version's bytes."""
     import threading
@@ -498,7 +489,7 @@ def test_reads_racing_writes_and_deletes_on_another_thread_never_return_wrong_by
     def payload(key: bytes, version: int) -> bytes:
         return (key + b"/v%d/" % version) * (5000 // len(key))
 
-    with _open(_dirs(tmp_path, 2), backend, stripe_unit=16 * 1024) as s:  # some objects span extents
+    with _open(drive_dirs(2), backend, stripe_unit=16 * 1024) as s:  # some objects span extents
         s.put_many([(k, payload(k, 0)) for k in keys])
         stop = threading.Event()
 
@@ -566,8 +557,8 @@ class _Meddler(dict):
         return r
 
 
-def test_a_row_reused_by_another_key_during_a_lookup_is_a_miss(tmp_path, backend):
-    with _open(_dirs(tmp_path, 1), backend) as s:
+def test_a_row_reused_by_another_key_during_a_lookup_is_a_miss(backend, drive_dirs):
+    with _open(drive_dirs(1), backend) as s:
         s.put(b"K", b"K-value" * 100)
 
         def delete_and_reuse() -> None:  # after the index gave K's row, before the row is read
@@ -580,9 +571,9 @@ def test_a_row_reused_by_another_key_during_a_lookup_is_a_miss(tmp_path, backend
         assert s.get(b"OTHER") == b"other-data" * 70
 
 
-def test_a_multi_extent_object_rewritten_during_a_lookup_is_a_miss_not_a_short_hit(tmp_path, backend):
+def test_a_multi_extent_object_rewritten_during_a_lookup_is_a_miss_not_a_short_hit(backend, drive_dirs):
     big = _payload(b"M", 256 << 10)
-    with _open(_dirs(tmp_path, 1), backend, stripe_unit=64 << 10) as s:
+    with _open(drive_dirs(1), backend, stripe_unit=64 << 10) as s:
         s.put(b"M", big)  # five extents
         s.put(b"N", b"n" * 5000)
         # after the row was read as five parts, before its extents are looked up: now one extent
@@ -592,8 +583,8 @@ def test_a_multi_extent_object_rewritten_during_a_lookup_is_a_miss_not_a_short_h
         assert s.get(b"M") == b"small"
 
 
-def test_verification_jobs_do_not_pile_up_when_callers_only_wait(tmp_path, backend, verifier):
-    with _open(_dirs(tmp_path, 1), backend) as s:
+def test_verification_jobs_do_not_pile_up_when_callers_only_wait(backend, verifier, drive_dirs):
+    with _open(drive_dirs(1), backend) as s:
         s.put(b"a", b"x" * 5000)
         for _ in range(200):
             with s.get_many([b"a"]) as r:
@@ -601,8 +592,8 @@ def test_verification_jobs_do_not_pile_up_when_callers_only_wait(tmp_path, backe
         assert len(s._verifying) <= 1
 
 
-def test_a_drive_filling_midway_through_an_object_gives_back_its_earlier_extents(tmp_path, backend):
-    with _open(_dirs(tmp_path, 1), backend, capacity_per_drive=8 * MiB, stripe_unit=MiB) as s:
+def test_a_drive_filling_midway_through_an_object_gives_back_its_earlier_extents(backend, drive_dirs):
+    with _open(drive_dirs(1), backend, capacity_per_drive=8 * MiB, stripe_unit=MiB) as s:
         free = s.drives[0].alloc.free
         with pytest.raises(DriveFull):
             s.put(b"big", b"y" * (9 * MiB))  # parts 1-7 fit, the ninth does not
@@ -610,8 +601,8 @@ def test_a_drive_filling_midway_through_an_object_gives_back_its_earlier_extents
         assert s.put(b"fits", b"z" * (6 * MiB)) and s.get(b"fits") == b"z" * (6 * MiB)
 
 
-def test_a_failed_open_holds_nothing(tmp_path):
-    paths = _dirs(tmp_path, 1)
+def test_a_failed_open_holds_nothing(drive_dirs):
+    paths = drive_dirs(1)
     KVStore.open(paths, capacity_per_drive=MiB).close()
     fds = len(os.listdir("/proc/self/fd"))
     with pytest.raises(ValueError, match="unknown I/O backend"):
@@ -620,8 +611,8 @@ def test_a_failed_open_holds_nothing(tmp_path):
     KVStore.open(paths, capacity_per_drive=MiB, backend="threads").close()  # the lock was let go
 
 
-def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(tmp_path, backend, monkeypatch):
-    with _open(_dirs(tmp_path, 1), backend) as s:
+def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(backend, monkeypatch, drive_dirs):
+    with _open(drive_dirs(1), backend) as s:
         s.put(b"k", b"a" * 5000)
         s.put(b"k", b"b" * 5000)  # the first version's extent is freed at the next flush
         free = s.drives[0].alloc.free
@@ -639,12 +630,12 @@ def test_a_failed_catalog_sync_keeps_the_frees_it_was_to_make_durable(tmp_path, 
         assert s.drives[0].alloc.free > free
 
 
-def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp_path, backend, monkeypatch,
-                                                                              fdatasync_fails):
+def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(backend, monkeypatch, fdatasync_fails,
+                                                                              drive_dirs):
     """A normal return vouches for every write before the flush: a drive whose fdatasync fails is taken
     out and named by a FlushError, raised only after the other drives, the catalog and the frees made
     durable are done.  The next flush has nothing new to report."""
-    paths = _dirs(tmp_path, 3)
+    paths = drive_dirs(3)
     with _open(paths, backend) as s:
         items = [(b"f%d" % i, _payload(b"f%d" % i, 5000)) for i in range(9)]
         assert all(s.put_many(items))
@@ -669,10 +660,10 @@ def test_a_drive_failing_its_fdatasync_fails_the_flush_once_the_rest_is_done(tmp
                 assert (got is None) if k in on_1 else bytes(got) == v
 
 
-def test_a_drive_failing_after_taking_writes_fails_the_next_flush(tmp_path, backend):
+def test_a_drive_failing_after_taking_writes_fails_the_next_flush(backend, drive_dirs):
     """Writes acknowledged on a drive that then fails (an I/O error, or taken out) before a flush were
     never made durable: that flush fails.  A drive that failed holding only flushed writes does not."""
-    with _open(_dirs(tmp_path, 3), backend) as s:
+    with _open(drive_dirs(3), backend) as s:
         assert all(s.put_many([(b"a%d" % i, b"a" * 100) for i in range(6)]))
         s.flush()
         s.fail_drive(2)
@@ -685,11 +676,11 @@ def test_a_drive_failing_after_taking_writes_fails_the_next_flush(tmp_path, back
         s.flush()
 
 
-def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_next_flush(tmp_path, backend,
-                                                                                       fdatasync_fails):
+def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_next_flush(backend, fdatasync_fails,
+                                                                                       drive_dirs):
     """A full pool flushes to reuse the space of deleted objects; a drive failing there does not fail
     the put that needed the room, but the caller's next flush reports it."""
-    with _open(_dirs(tmp_path, 2), backend, capacity_per_drive=5 * 4096) as s:  # 4 extents per drive
+    with _open(drive_dirs(2), backend, capacity_per_drive=5 * 4096) as s:  # 4 extents per drive
         keys = [b"p%d" % i for i in range(8)]
         assert all(s.put_many([(k, b"v" * 100) for k in keys]))
         assert all(d.free_bytes == 0 for d in s.drives)
@@ -702,8 +693,8 @@ def test_a_fdatasync_failing_in_the_flush_a_full_pool_makes_itself_fails_the_nex
             s.flush()
 
 
-def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypatch, caplog, fdatasync_fails):
-    paths = _dirs(tmp_path, 2)
+def test_close_logs_a_failed_flush_and_still_closes(backend, monkeypatch, caplog, fdatasync_fails, drive_dirs):
+    paths = drive_dirs(2)
     s = _open(paths, backend)
     assert all(s.put_many([(b"c%d" % i, b"c" * 100) for i in range(4)]))
     fdatasync_fails(s.drives[1].fd)
@@ -715,10 +706,10 @@ def test_close_logs_a_failed_flush_and_still_closes(tmp_path, backend, monkeypat
 
 
 @pytest.mark.parametrize("fails", ["sync", "checkpoint"])
-def test_close_closes_everything_when_the_catalog_cannot_be_synced(tmp_path, backend, monkeypatch, fails):
+def test_close_closes_everything_when_the_catalog_cannot_be_synced(backend, monkeypatch, fails, drive_dirs):
     """The catalog's journal sync or checkpoint raising (its disk full or failing) reaches the caller, and
     the store still lets go of its drives, journal and writer lock: the next open finds what was journaled."""
-    paths = _dirs(tmp_path, 2)
+    paths = drive_dirs(2)
     fds = len(os.listdir("/proc/self/fd"))
     s = _open(paths, backend)
     assert all(s.put_many([(b"j%d" % i, b"j" * 100) for i in range(4)]))
@@ -772,10 +763,10 @@ def _fail_once(monkeypatch, obj, name: str, exc: BaseException) -> None:
 KEYS8 = [b"k%d" % i for i in range(8)]
 
 
-def _pool_sized_for_one_batch(tmp_path, backend):
+def _pool_sized_for_one_batch(paths, backend):
     """A store whose buffer pool holds one batch of KEYS8 (832 KiB of a MiB), stored: a batch that kept its
     lease makes the next one fail."""
-    s = _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB)
+    s = _open(paths, backend, buffer_pool_bytes=MiB)
     assert all(s.put_many([(k, _payload(k, 100_000)) for k in KEYS8]))
     return s
 
@@ -786,10 +777,10 @@ def _all_read_back(s) -> bool:
 
 
 @pytest.mark.parametrize("stage", ["engine", "verify", "finish"])
-def test_a_get_whose_wait_raises_gives_its_buffers_back(tmp_path, backend, monkeypatch, stage):
+def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, stage, drive_dirs):
     """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
     that batch's buffers for good: they go back once none of its reads can still land there."""
-    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+    with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         obj, name = {"engine": (s.engine, "wait"), "verify": (s, "_check_get"), "finish": (s, "_finish_get")}[stage]
         _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
         h = s.submit_get(KEYS8)
@@ -803,11 +794,10 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(tmp_path, backend, monke
         assert s.counters["quarantined"] == 0
 
 
-def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they_are(tmp_path, backend,
-                                                                                      monkeypatch):
+def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they_are(backend, monkeypatch, drive_dirs):
     """An engine that cannot say whether a batch's reads are over: its buffers stay out of the pool (a read
     may still land there), counted, until its completions come in."""
-    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+    with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         broken = [True]
         poll, wait = s.engine.poll, s.engine.wait
 
@@ -834,8 +824,8 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
 
 
 @pytest.mark.parametrize("polled", [False, True])
-def test_a_get_dropped_without_wait_gives_its_buffers_back(tmp_path, backend, polled):
-    with _pool_sized_for_one_batch(tmp_path, backend) as s:
+def test_a_get_dropped_without_wait_gives_its_buffers_back(backend, polled, drive_dirs):
+    with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         h = s.submit_get(KEYS8)
         while polled and not h.poll():  # its reads are back and verification has started
             s.progress(0.01)
@@ -843,8 +833,8 @@ def test_a_get_dropped_without_wait_gives_its_buffers_back(tmp_path, backend, po
         assert _all_read_back(s) and s.pool.in_use == 0
 
 
-def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(tmp_path, backend, monkeypatch):
-    with _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB) as s:
+def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(backend, monkeypatch, drive_dirs):
+    with _open(drive_dirs(2), backend, buffer_pool_bytes=MiB) as s:
         items = [(k, _payload(k, 100_000)) for k in KEYS8]
         free = [d.alloc.free for d in s.drives]
         _fail_once(monkeypatch, s.engine, "wait", OSError(5, "injected"))
@@ -859,8 +849,8 @@ def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(tmp_path, ba
         assert all(s.put_many(items)) and _all_read_back(s) and s.pool.in_use == 0
 
 
-def test_a_put_dropped_without_wait_gives_back_its_buffers_and_extents(tmp_path, backend):
-    with _open(_dirs(tmp_path, 2), backend, buffer_pool_bytes=MiB) as s:
+def test_a_put_dropped_without_wait_gives_back_its_buffers_and_extents(backend, drive_dirs):
+    with _open(drive_dirs(2), backend, buffer_pool_bytes=MiB) as s:
         items = [(k, _payload(k, 100_000)) for k in KEYS8]
         free = sum(d.alloc.free for d in s.drives)
         h = s.submit_put(items)
