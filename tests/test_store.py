@@ -372,6 +372,25 @@ def test_drop_unreadable_deletes_exactly_the_objects_on_a_failed_drive(backend, 
             assert r.misses == 0 and [bytes(v) for v in r.views] == [v for _, v in kept]
 
 
+def test_a_put_landing_on_a_drive_failed_meanwhile_is_not_stored(backend, drive_dirs):
+    """A drive taken out of service while a put's writes are in flight: the objects with an extent there
+    are reported not stored and their other extents freed, never put in the catalog to fail every read."""
+    with _open(drive_dirs(3), backend, stripe_unit=8192) as s:
+        items = [(b"m%d" % i, _payload(b"m%d" % i, 20000 if i % 3 == 0 else 5000)) for i in range(9)]  # 3 parts or 1
+        free = [d.alloc.free for d in s.drives]
+        h = s.submit_put(items)
+        s.fail_drive(1)
+        oks = h.wait()
+        assert 0 < sum(oks) < len(items) and s.counters["put_failures"] == len(items) - sum(oks)
+        assert len(s) == sum(oks) and s.drop_unreadable() == []
+        stored = [(k, v) for (k, v), ok in zip(items, oks) if ok]
+        for i in (0, 2):  # the healthy drives hold the stored objects' extents, nothing more
+            held = sum(x[2] for k, _ in stored for x in s.catalog.get(_digest(k)).extents if x[0] == i)
+            assert s.drives[i].alloc.free == free[i] - held
+        with s.get_many([k for k, _ in stored]) as r:
+            assert r.misses == 0 and [bytes(v) for v in r.views] == [v for _, v in stored]
+
+
 def test_a_follower_drops_unreadable_objects_from_its_own_view_only(backend, drive_dirs):
     """A follower writes nothing: it forgets the objects on a drive it took out of service, and its
     writer's catalog keeps them."""

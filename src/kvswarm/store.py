@@ -609,6 +609,8 @@ class KVStore:
                     if r.result != len(r.buf):
                         self._io_error(r.drive, r.offset, r.result)
                         ok = False
+                    elif not self.drives[r.drive].healthy:  # failed while it was written: never readable
+                        ok = False
                 k += parts
                 if ok:
                     done.append((digest, entry))
