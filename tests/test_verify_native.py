@@ -54,6 +54,32 @@ def test_runs_of_a_base_buffer_receive_the_payload_scattered_in_order():
     assert base[3 * L * 2:] == b"\x5a" * 3 * L  # a bad payload is scattered nowhere
 
 
+def test_without_a_source_each_buffer_is_verified_where_it_lies_and_left_as_it_is():
+    """src None: payloads read straight into their buffers (O_DIRECT into an engine's chunks)."""
+    src, offs, lens, sums = _batch(n=4)
+    bufs = [bytearray(src[o:o + L].tobytes()) for o in offs]
+    bufs[2][100] ^= 0xFF  # a torn read
+    sums[3] ^= 1  # a stale checksum
+    ok = np.ones(len(offs), np.uint8)
+    assert submit(None, np.zeros(4, np.int64), lens, sums, ok, [memoryview(b) for b in bufs]).wait()
+    assert ok.tolist() == [1, 1, 0, 0]
+    for i in range(4):  # nothing copied anywhere, the bad bytes included
+        want = bytearray(src[offs[i]:offs[i] + L].tobytes())
+        if i == 2:
+            want[100] ^= 0xFF
+        assert bufs[i] == want
+
+
+@pytest.mark.parametrize("kind", ["none", "runs", "short"])
+def test_in_place_needs_one_whole_buffer_per_payload(kind):
+    src, offs, lens, sums = _batch(n=1)
+    buf = bytearray(L)
+    into = {"none": [None], "runs": [(buf, np.zeros(1, np.int64), np.full(1, L, np.int64))],
+            "short": [memoryview(buf)[:4096]]}[kind]
+    with pytest.raises(ValueError):
+        submit(None, np.zeros(1, np.int64), lens, sums, np.ones(1, np.uint8), into)
+
+
 @pytest.mark.parametrize("n", [0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 65_536, 1_000_003])
 def test_checksums_agree_with_xxhash_at_every_length(n):
     """The worker picks an AVX2 hash loop where the CPU has one: it must give XXH3-64 exactly, for

@@ -73,6 +73,49 @@ def _libc_madvise():
     return fn
 
 
+MADV_COLLAPSE = 25  # Linux 6.1
+
+
+@functools.cache
+def _libc_mmap():
+    libc = ctypes.CDLL(None, use_errno=True)
+    mm, unmap = libc.mmap, libc.munmap
+    mm.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    mm.restype = ctypes.c_void_p
+    unmap.argtypes, unmap.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
+    return mm, unmap
+
+
+def collapse_shared_file(fd: int, length: int) -> int:
+    """Back the first ``length`` bytes of a shared-memory file (``/dev/shm``, a memfd) with 2 MiB
+    pages; returns how many bytes are now in them (the whole 2 MiB pieces, or 0).
+
+    Why: an O_DIRECT read into 4 KiB pages is cut into requests of at most ``max_segments`` pages
+    (254 on a virtio disk: a 2 MiB read becomes three), which read 0.91-0.94 as fast as reads into
+    huge pages here; the same memory in huge pages reads as fast as the pool's.  The kernel only
+    makes such a file's pages huge at a 2 MiB-aligned address (``MADV_COLLAPSE``, Linux 6.1; tmpfs
+    mounts without ``huge=`` refuse it at fault time, not here), and any mapping of the file then
+    sees the huge pages: so this maps the file once more, aligned, collapses it there and unmaps.
+    The bytes stay as they were.  Pages that are pinned (``cudaHostRegister``), or no free 2 MiB
+    of memory, make the kernel refuse: then 0, and the file stays as it was.
+    """
+    n = length // HUGE_PAGE * HUGE_PAGE
+    if n == 0:
+        return 0
+    mm, unmap = _libc_mmap()
+    reserve = mm(None, n + HUGE_PAGE, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # PROT_NONE: address space only
+    if reserve in (None, ctypes.c_void_p(-1).value):
+        return 0
+    try:
+        at = -(-reserve // HUGE_PAGE) * HUGE_PAGE
+        fixed = 0x10  # MAP_FIXED: into the reservation, at the aligned address
+        if mm(at, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | fixed, fd, 0) != at:
+            return 0
+        return n if _libc_madvise()(at, n, MADV_COLLAPSE) == 0 else 0
+    finally:
+        unmap(reserve, n + HUGE_PAGE)
+
+
 class BufferPool:
     def __init__(self, capacity: int) -> None:
         capacity = align_up(max(capacity, ALIGN))

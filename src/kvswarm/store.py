@@ -251,10 +251,19 @@ class _Check:
     payloads: list[memoryview]
     dst: list[Bufs | None] | None  # per object, the caller's buffer the worker copies its verified extents into
     jobs: tuple  # kvswarm._verify.Job, each for a run of the extents
+    in_place: tuple[np.ndarray, np.ndarray] | None = None  # extents read into the caller's buffers, and their outcome
 
     @property
     def done(self) -> bool:
         return all(job.done for job in self.jobs)
+
+    def outcome(self) -> np.ndarray:
+        """``ok``, once the jobs are done: every extent read in full and verified."""
+        if self.in_place is not None:
+            idx, got = self.in_place
+            self.ok[idx] = got
+            self.in_place = None
+        return self.ok
 
 
 @dataclass(slots=True)
@@ -264,6 +273,7 @@ class _Reads:
 
     starts: np.ndarray
     into: list[Bufs | None] | None = None  # per located object, the caller's buffer (or runs)
+    direct: np.ndarray | None = None  # per extent: its payload was read straight into the caller's buffer
 
 
 class _Abandoned(NamedTuple):
@@ -281,6 +291,32 @@ def _as_bufs(obj: object) -> Bufs:
         return Runs(memoryview(obj.base).cast("B"), np.ascontiguousarray(obj.off, np.int64),
                     np.ascontiguousarray(obj.lens, np.int64))  # the native worker reads them as C arrays
     return memoryview(obj).cast("B")
+
+
+def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
+    """Per extent: whether its payload can be read straight into its object's buffer (see
+    KVStore.submit_get, ``in_place``): the object's only extent, a whole number of sectors on
+    sectors of its own, and a plain writable buffer of exactly that length, 4 KiB-aligned."""
+    pp = ext.part_payload
+    direct = (ext.parts == 1) & sector_payload(pp)
+    obj, lens = ext.obj.tolist(), pp.tolist()
+    for i in np.flatnonzero(direct).tolist():
+        b = bufs[obj[i]]
+        direct[i] = (isinstance(b, memoryview) and len(b) == lens[i] and not b.readonly
+                     and ctypes.addressof(ctypes.c_char.from_buffer(b)) % ALIGN == 0)
+    return direct
+
+
+def _verify_jobs(src: object, offs: np.ndarray, lens: np.ndarray, sums: np.ndarray, oks: np.ndarray,
+                 into: list[Bufs | None] | None) -> tuple:
+    """A batch's payloads handed to the native worker (``src`` None: each verified in its ``into``
+    buffer) as jobs of about VERIFY_JOB_BYTES each: a big batch (the last of a restore, or a lone
+    request's) is then verified by the worker and an assisting thread together."""
+    k = len(lens)
+    cuts = np.searchsorted(np.cumsum(lens), np.arange(VERIFY_JOB_BYTES, int(lens.sum()), VERIFY_JOB_BYTES),
+                           side="right").tolist()
+    return tuple(verify_submit(src, offs[a:b], lens[a:b], sums[a:b], oks[a:b], None if into is None else into[a:b])
+                 for a, b in zip([0, *cuts], [*cuts, k]) if b > a)
 
 
 def _bufs_len(d: Bufs) -> int:
@@ -703,7 +739,8 @@ class KVStore:
             self._deferred.append(e)
 
     # ---- reads -----------------------------------------------------------------------
-    def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None) -> GetHandle:
+    def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None,
+                   in_place: bool = False) -> GetHandle:
         """Read ``keys`` in one batch; returns at once (``handle.wait()`` gives the GetResult).
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
@@ -716,25 +753,43 @@ class KVStore:
         docs/testbed.md).  On a miss the buffer is left as it was (but for the verified extents of an
         object stored in several, which may have been copied); an object whose length differs from
         its buffer's is a miss.
+
+        ``in_place``: a payload that can be is read with O_DIRECT straight into its buffer and
+        verified there, with no pool buffer and no copy: an object stored as one extent with its
+        payload on its own sectors (docs/format.md), into a plain buffer of exactly its length at a
+        4 KiB-aligned address (a vLLM chunk in huge-page memory).  Its header sector is not read:
+        the payload's xxh3-64 is checked against the catalog's.  On a miss such a buffer holds
+        whatever was read, so use it for buffers that a miss leaves unused.  Needs the native
+        verify worker; without it, and for the other objects, reads go through the pool.
         """
-        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into)
+        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into, in_place)
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                           into: Sequence[object | None] | None = None) -> GetHandle:
+                           into: Sequence[object | None] | None = None, in_place: bool = False) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
+        direct = None
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
             bufs_in = [None if into[i] is None else _as_bufs(into[i]) for i in found]
+            if in_place and verify_submit is not None and len(span):
+                direct = _direct_reads(ext, bufs_in)
+                span[direct] = 0  # no pool space
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
-        reads = _Reads(starts, bufs_in)
-        lease = self._lease(int(starts[-1] + span[-1])) if len(span) else None
+        reads = _Reads(starts, bufs_in, direct)
+        nbytes = int(starts[-1] + span[-1]) if len(span) else 0
+        lease = self._lease(nbytes) if nbytes else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
-        bufs: list = [view[p:p + n] for p, n in zip(starts.tolist(), span.tolist())]
+        bufs: list = [view[p:p + n] if n else None for p, n in zip(starts.tolist(), span.tolist())]
+        if direct is not None:
+            obj = ext.obj.tolist()
+            for i in np.flatnonzero(direct).tolist():  # the payload alone, past its header's sector
+                bufs[i] = bufs_in[obj[i]]
+                offsets[i] += ALIGN
         live = None
         if not all(d.healthy for d in self.drives):
             healthy = [d.healthy for d in self.drives]
@@ -789,10 +844,10 @@ class KVStore:
         field, byte for byte), checked here; its payload must match the checksum, hashed per
         extent by the native worker if there is one (which also copies each verified extent's
         payload into its part of the caller's buffer), else here."""
-        if lease is None:
+        if not len(ext.length):
             return None
-        k, starts, pp = len(ext.length), reads.starts, ext.part_payload
-        io_ok = np.array(results, np.int64) == ext.length
+        k, starts, pp, direct = len(ext.length), reads.starts, ext.part_payload, reads.direct
+        io_ok = np.array(results, np.int64) == (ext.length if direct is None else np.where(direct, pp, ext.length))
         sector = sector_payload(pp)
         want = np.zeros(k, HEADER_BODY_DTYPE)
         want["magic"], want["version"] = MAGIC, VERSION
@@ -802,13 +857,21 @@ class KVStore:
         want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
             rows["generation"]
         want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
-        at = lease.offset + starts
-        got = self.pool.array[at[:, None] + _HEADER_COLS]
-        ok = io_ok & (got == want.view(np.uint8).reshape(k, HEADER_BODY.size)).all(1)
-        lv = lease.view
+        at = (lease.offset if lease is not None else 0) + starts
+        hdr = want.view(np.uint8).reshape(k, HEADER_BODY.size)
         poff = np.where(sector, ALIGN, HEADER_SIZE)
-        payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
         payload_at = at + poff
+        if direct is None:
+            ok = io_ok & (self.pool.array[at[:, None] + _HEADER_COLS] == hdr).all(1)
+            lv = lease.view
+            payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
+        else:  # a payload read in place came without its header: the catalog's checksum alone vouches for it
+            ok = io_ok.copy()
+            pooled = np.flatnonzero(~direct)
+            ok[pooled] &= (self.pool.array[at[pooled][:, None] + _HEADER_COLS] == hdr[pooled]).all(1)
+            lv, obj = lease.view if lease is not None else None, ext.obj.tolist()
+            payloads = [reads.into[obj[i]] if d else lv[a:a + m]
+                        for i, (a, m, d) in enumerate(zip((starts + poff).tolist(), pp.tolist(), direct.tolist()))]
         dst = parts = None
         if verify_submit is not None and reads.into is not None:
             dst = _sized(reads.into, ext.rows["payload_len"])
@@ -819,18 +882,21 @@ class KVStore:
                 parts = [None if dst[o] is None else _part(dst[o], a, n)
                          for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
         jobs: tuple = ()
+        in_place = None
         if verify_submit is not None:
-            # Runs of about VERIFY_JOB_BYTES each: a big batch (the last of a restore, or a lone
-            # request's) is then verified by the worker and an assisting thread together.
-            src, offs, lens = self.pool.array, payload_at, pp.astype(np.int64)
-            sums, oks = np.ascontiguousarray(ext.csum, np.uint64), ok.view(np.uint8)
-            cuts = np.searchsorted(np.cumsum(lens), np.arange(VERIFY_JOB_BYTES, int(lens.sum()), VERIFY_JOB_BYTES),
-                                   side="right").tolist()
-            jobs = tuple(verify_submit(src, offs[a:b], lens[a:b], sums[a:b], oks[a:b], None if parts is None
-                                       else parts[a:b]) for a, b in zip([0, *cuts], [*cuts, k]) if b > a)
+            lens, sums = pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64)
+            if direct is not None:  # verified where they lie, by jobs of their own; the pool's skip them
+                d = np.flatnonzero(direct)
+                in_place = (d, ok[d])
+                ok[d] = False
+                parts = [None if x else q for q, x in zip(parts, direct.tolist())]
+                jobs = _verify_jobs(None, np.zeros(len(d), np.int64), lens[d], sums[d], in_place[1].view(np.uint8),
+                                    [payloads[i] for i in d.tolist()])
+            if direct is None or not direct.all():
+                jobs += _verify_jobs(self.pool.array, payload_at, lens, sums, ok.view(np.uint8), parts)
         else:
             ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
-        return _Check(results, io_ok, ok, single, payload_at, payloads, dst, jobs)
+        return _Check(results, io_ok, ok, single, payload_at, payloads, dst, jobs, in_place)
 
     def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
                     check: _Check | None, lease: Lease | None) -> GetResult:
@@ -841,7 +907,7 @@ class KVStore:
         hits = corrupt = 0
         failed: list[int] = []
         if check is not None:
-            ok, single, payloads = check.ok, check.single, check.payloads
+            ok, single, payloads = check.outcome(), check.single, check.payloads
             if single:
                 obj_ok, first = ok, None
             else:

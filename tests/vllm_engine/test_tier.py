@@ -88,6 +88,46 @@ def test_store_lookup_load_round_trip_and_restart(drives, primary):
     tier.shutdown()
 
 
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_loads_read_in_place_once_the_region_is_in_huge_pages(drives, huge_pages):
+    """The tier backs vLLM's region with 2 MiB pages and then reads loads straight into their chunks,
+    no pool buffer leased; with ``huge_pages`` off (or where the kernel refuses) it copies from the pool.
+    Either way every chunk comes back as stored, and a corrupt one is a failed key, never a hit."""
+    n = 3 * (2 << 20) // LAYOUT.block_bytes  # three huge pages of chunks
+    primary = Primary.create(n, LAYOUT.block_bytes)
+    try:
+        rng = np.random.default_rng(3)
+        data = {c: rng.integers(0, 256, LAYOUT.block_bytes, dtype=np.uint8) for c in range(16)}
+        for c, d in data.items():
+            primary.chunk(c)[:] = d
+        tier = make_tier(tier_config(drives, huge_pages=huge_pages), primary,
+                         offloading_spec(LAYOUT, n * LAYOUT.block_bytes))
+        run = JobRunner(tier)
+        keys = keys_for(16)
+        assert run.run(keys, range(16), load=False).success
+        if huge_pages and not tier.in_place:
+            pytest.skip("this kernel does not collapse shared memory into huge pages (MADV_COLLAPSE)")
+        assert tier.in_place == huge_pages
+        entry = tier.store.catalog.entries[key_digest(tier.keyspace.key(keys[5]))]
+        drv, off, _, _ = entry.extents[0]
+        with open(os.path.join(drives[drv], DATA_FILE), "r+b") as f:
+            f.seek(off + payload_offset(entry.payload_len) + 99)
+            f.write(b"\x55\xaa")
+        leased = []  # pool bytes in use once each load batch is submitted
+        submit = tier.store.submit_get
+        tier.store.submit_get = lambda *a, **kw: (h := submit(*a, **kw), leased.append(tier.store.pool.in_use))[0]
+        res = run.run(keys, range(n - 16, n), load=True)
+        assert leased and (max(leased) == 0) == huge_pages
+        assert set(res.successful_keys) == set(keys) - {keys[5]}
+        for i in set(range(16)) - {5}:
+            assert np.array_equal(primary.chunk(n - 16 + i), data[i])
+        assert tier.store.pool.in_use == 0 and tier.store.counters["corrupt"] == 1
+        assert run.lookup([keys[5]]) == [LookupResult.MISS]
+        tier.shutdown()
+    finally:
+        primary.close()
+
+
 def test_corrupt_extent_is_a_miss_and_forgotten(drives, primary):
     keys = keys_for(6)
     data = fill(primary, range(6))

@@ -63,6 +63,7 @@ typedef struct Job {
     Py_ssize_t *first;
     Py_ssize_t n, nruns; /* payloads; runs allocated */
     int held;       /* how many of src, ok, off, len, sum are held */
+    int inplace;    /* no src: payload i is into[i] itself, verified where it lies and copied nowhere */
     int queued;     /* handed to the worker: freeing it must wait until it is finished */
     int state;      /* 0 queued or running, 1 finished; written by the worker (atomics) */
     struct Job *next;
@@ -109,9 +110,9 @@ static void run(Job *j) {
     uint8_t *good = j->ok.buf;
     for (Py_ssize_t i = 0; i < j->n; i++) {
         if (!good[i]) continue;
-        const char *p = base + o[i];
+        const char *p = j->inplace ? j->dst[i].buf : base + o[i];
         if (hash_payload(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
-        if (j->first == NULL) continue;
+        if (j->first == NULL || j->inplace) continue;
         char *d = j->dst[i].buf;
         for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
             copy_out(d + j->runs[s].off, p, (size_t)j->runs[s].len);
@@ -334,7 +335,9 @@ PyDoc_STRVAR(submit_doc,
 "into[i] is not None, that payload is copied into into[i]: a writable buffer of exactly\n"
 "lengths[i] bytes, or (base, run_offsets, run_lengths), a writable buffer and two int64 arrays:\n"
 "the payload is scattered over those runs of base in order (an engine page's runs in its KV\n"
-"pool; the lengths sum to lengths[i]).  offsets and lengths are int64 arrays, checksums uint64,\n"
+"pool; the lengths sum to lengths[i]).  With src None the payloads were read straight into their\n"
+"buffers: each into[i] (a buffer of exactly lengths[i] bytes) is verified where it lies, offsets\n"
+"are not used and nothing is copied.  offsets and lengths are int64 arrays, checksums uint64,\n"
 "ok uint8, updated in place: read it, and the buffers, only once the job is done.  Everything is bounds-checked\n"
 "here; the job holds every buffer until it is freed (freeing an unfinished job waits for it).");
 
@@ -350,7 +353,9 @@ static PyObject *submit(PyObject *self, PyObject *args) {
     j->n = j->nruns = 0;
     j->held = j->queued = j->state = 0;
     j->next = NULL;
-    if (PyObject_GetBuffer(src, &j->src, PyBUF_SIMPLE) < 0) goto fail;
+    j->inplace = src == Py_None;
+    memset(&j->src, 0, sizeof(j->src)); /* in place: no src (releasing a buffer without an object is a no-op) */
+    if (!j->inplace && PyObject_GetBuffer(src, &j->src, PyBUF_SIMPLE) < 0) goto fail;
     j->held = 1;
     if (PyObject_GetBuffer(ok, &j->ok, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail;
     j->held = 2;
@@ -359,16 +364,23 @@ static PyObject *submit(PyObject *self, PyObject *args) {
         || hold_array(j, sum, &j->sum, 8, 0, "checksums") < 0)
         goto fail;
     const int64_t *o = j->off.buf, *l = j->len.buf;
-    for (Py_ssize_t i = 0; i < j->n; i++) {
+    for (Py_ssize_t i = 0; i < j->n && !j->inplace; i++) {
         if (o[i] < 0 || l[i] < 0 || o[i] > j->src.len - l[i]) {
             PyErr_Format(PyExc_ValueError, "payload %zd lies outside the source buffer", i);
             goto fail;
         }
     }
-    if (into != Py_None) {
+    if (into != Py_None || j->inplace) {
         if (!PyList_Check(into) || PyList_GET_SIZE(into) != j->n) {
             PyErr_SetString(PyExc_ValueError, "into must be a list with one entry per payload");
             goto fail;
+        }
+        for (Py_ssize_t i = 0; i < j->n && j->inplace; i++) {
+            PyObject *b = PyList_GET_ITEM(into, i);
+            if (b == Py_None || PyTuple_Check(b)) {
+                PyErr_Format(PyExc_ValueError, "into[%zd]: verified in place, so a buffer of its own", i);
+                goto fail;
+            }
         }
         j->first = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_ssize_t));
         j->dst = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_buffer));

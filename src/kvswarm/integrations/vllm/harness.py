@@ -10,7 +10,9 @@ calls on the same primary chunks.
 
 from __future__ import annotations
 
+import itertools
 import mmap
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
     make_offload_key,
 )
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.config import (
     OffloadingCacheConfig,
     OffloadingConfig,
@@ -54,28 +57,39 @@ def offloading_spec(layout: KVLayout, cpu_bytes: int, engine_id: str = "kvswarm-
     return TieringOffloadingSpec(config)
 
 
+_regions = itertools.count()
+
+
 @dataclass
 class Primary:
-    """A stand-in for the primary tier's region: ``num_chunks`` page-aligned chunks."""
+    """The primary tier's region as vLLM's scheduler side makes it (a ``SharedOffloadRegion``: a
+    ``/dev/shm`` file mapped shared, in 4 KiB pages, faulted in), of ``num_chunks`` chunks."""
 
+    region: SharedOffloadRegion
     mm: mmap.mmap
     view: memoryview  # (num_chunks, chunk_bytes), as CPUPrimaryTierOffloadingManager exposes it
     chunk_bytes: int
 
     @classmethod
     def create(cls, num_chunks: int, chunk_bytes: int) -> Primary:
-        mm = mmap.mmap(-1, num_chunks * chunk_bytes)
-        return cls(mm, memoryview(mm).cast("B", (num_chunks, chunk_bytes)), chunk_bytes)
+        # A barrier, as the engine passes one: the file's name goes once it is mapped (nothing left in /dev/shm).
+        region = SharedOffloadRegion(engine_id=f"kvswarm-harness-{os.getpid()}-{next(_regions)}",
+                                     num_chunks=num_chunks, rank=None, kv_bytes_per_chunk=chunk_bytes,
+                                     cpu_page_size=chunk_bytes, barrier=lambda: None)
+        return cls(region, region.mmap_obj, region.create_kv_memoryview(), chunk_bytes)
 
     def chunk(self, i: int) -> np.ndarray:
         return np.frombuffer(self.mm, np.uint8, self.chunk_bytes, i * self.chunk_bytes)
 
     def close(self) -> None:
         self.view.release()
-        self.mm.close()
+        self.region.cleanup()
 
 
 def make_tier(tier_config: dict, primary: Primary, spec: TieringOffloadingSpec) -> SecondaryTierManager:
+    """A tier over ``primary``, made as ``TieringOffloadingSpec.get_manager`` makes it (which sets the
+    spec's scheduler-side region first)."""
+    spec._scheduler_mmap = primary.region
     return SecondaryTierFactory.create_secondary_tier(dict(tier_config), primary.view, spec)
 
 

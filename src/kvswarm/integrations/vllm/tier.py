@@ -42,6 +42,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from kvswarm.buffers import collapse_shared_file
 from kvswarm.catalog import Catalog
 from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
@@ -211,8 +212,14 @@ class KVSwarmTierManager(SecondaryTierManager):
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
-                 refresh_interval: float = 0.05, backpressure_detector: BackpressureDetector | None = None) -> None:
+                 refresh_interval: float = 0.05, huge_pages: bool = True,
+                 backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
+        # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
+        region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
+        self._region_file = (region.fd, region.total_size_bytes) if getattr(region, "fd", None) is not None else None
+        self.in_place = False  # loads read straight into the chunks (set by the driver thread, see _huge_primary)
         self.locality = Locality(locality) if locality is not None else None
         self._flat = primary_kv_view.cast("B")
         self.layout = vllm_layout(offloading_spec, self.block_size_bytes, model_id)
@@ -340,6 +347,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         # Jobs queue meanwhile; a lookup waits at most for one huge page to fault in (see populate).
         if not self.store.pool.populate():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
+        self.in_place = self._huge_primary()
         if verify_submit is None:
             log.warning("kvswarm tier: kvswarm._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
@@ -436,6 +444,30 @@ class KVSwarmTierManager(SecondaryTierManager):
             self.store.progress(0.001)  # the next I/O back, or else the next batch verified
         return True
 
+    def _huge_primary(self) -> bool:
+        """Back vLLM's primary region with 2 MiB pages, and if the kernel does, read loads straight into
+        the chunks (``in_place``): no copy, no pool buffer.
+
+        vLLM maps its region in 4 KiB pages, and an O_DIRECT read into those is cut into several device
+        requests: on this machine such reads ran at 0.75-0.94 of reads into huge pages, which is why loads
+        read through the buffer pool and copy.  In 2 MiB pages they read as fast as into the pool, and the
+        copy's memory traffic and CPU go (docs/integrations.md).  The kernel copies each piece once (about
+        2.7 s per GiB here, on this thread before it serves: jobs queue meanwhile); where it refuses (pages
+        pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1), loads copy as before.
+        """
+        if self._region_file is None or verify_submit is None:
+            return False
+        fd, size = self._region_file
+        t0 = time.perf_counter()
+        try:
+            huge = collapse_shared_file(fd, size)
+        except OSError:
+            huge = 0
+        in_place = size == len(self._flat) and huge > 0  # a tail short of 2 MiB stays in 4 KiB pages
+        log.info("kvswarm tier: %d of %d MiB of the primary region in 2 MiB pages (%.2f s); loads %s", huge >> 20,
+                 size >> 20, time.perf_counter() - t0, "read in place" if in_place else "copied from the buffer pool")
+        return in_place
+
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
         pool, per_key = self.store.pool, self._chunk_extent_bytes
@@ -452,7 +484,8 @@ class KVSwarmTierManager(SecondaryTierManager):
                 if j.load:  # verified payloads are copied into the primary tier's chunks
                     bs, flat = self.block_size_bytes, self._flat
                     handle = self.store.submit_get([self.keyspace.key(k) for k in j.keys[start:end]],
-                                                   into=[flat[o:o + bs] for o in j.offsets[start:end]])
+                                                   into=[flat[o:o + bs] for o in j.offsets[start:end]],
+                                                   in_place=self.in_place)
                     put = []
                 else:
                     handle, put = self._submit_put(j, start, end)
