@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from kvswarm.bench.vllm_bench import main
 
 
@@ -16,6 +18,7 @@ def test_bench_vllm_runs_and_reports(tmp_path):
     s = r["summary"]
     for key in ("restore_ratio_vs_raw_64k", "raw_gbps_64k", "fs_restore_gbps_64k", "kvswarm_restore_gbps_64k",
                 "raw_delivered_gbps_64k", "restore_ratio_vs_raw_delivered_64k", "restart_lookup_speedup_vs_fs",
+                "raw_landed_gbps_64k", "restore_ratio_vs_raw_landed_64k", "fs_restore_ratio_vs_raw_landed_64k",
                 "engine_load_none_restore_speedup_vs_fs", "engine_load_1of1_kvswarm_restore_gbps",
                 "engine_load_3of1_fs_restore_gbps", "engine_load_3of1_restore_speedup_vs_fs",
                 "restart_lookup_fresh_process_speedup_vs_fs", "raw_one_request_burst_ms_64k",
@@ -27,23 +30,32 @@ def test_bench_vllm_runs_and_reports(tmp_path):
     assert (tmp_path / "vllm.png").stat().st_size > 0
 
 
-def test_raw_delivery_reference_lands_every_block_in_its_chunk(tmp_path):
-    """The raw + delivery reference does a load's work: after one sample the primary region holds
-    every block again, read from kvswarm's extents (so the reference cannot be cheaper than a load)."""
+@pytest.mark.parametrize("kind", ["threads", "uring"])
+def test_raw_delivery_and_landed_references_land_every_block_in_its_chunk(tmp_path, kind):
+    """Raw + delivery and raw landed do a load's work: after each sample the primary region holds
+    every block again, read from kvswarm's extents (so neither reference can be cheaper than a load)."""
     from kvswarm.bench.vllm_bench import Bench, RawCeiling, TierCase, kv_config, layout_for
 
     bench = Bench(layout_for(64 << 10), 48)
     try:
         (tmp_path / "kv").mkdir()
         case = TierCase(bench, kv_config([str(tmp_path / "kv")], "uring", 64 << 20))
-        raw = RawCeiling(case.run.tier.store, bench.deliverer(bench.extents(case.run.tier)))
-        raw.method = ("random", "threads", 4)
-        bench.primary.mm[:] = bytes(len(bench.primary.mm))
-        raw.measure_delivered()
-        assert len(raw.delivered) == 1 and raw.delivered[0] > 0
-        for i in range(bench.nblocks):
-            assert hash(bytes(bench.primary.chunk(i)[:4096])) == bench.digest[i], i
-        assert raw.result()["delivered"]["method"] == "threads_4_random"
+        ext = bench.extents(case.run.tier)
+        raw = RawCeiling(case.run.tier.store, bench.deliverer(ext), land=lambda: bench.lander(ext))
+        raw.method = ("random", kind, 4)
+        raw.tuning = {f"threads_{t}_random": float(t == 8) for t in raw.THREADS}  # raw + delivery's threads, if uring
+        for only in ("deliver", "land"):  # one reference at a time, each into a zeroed region
+            bench.primary.mm[:] = bytes(len(bench.primary.mm))
+            other = "land" if only == "deliver" else "deliver"
+            kept, raw.__dict__[other] = raw.__dict__[other], None
+            raw.measure_delivered()
+            raw.__dict__[other] = kept
+            for i in range(bench.nblocks):
+                assert hash(bytes(bench.primary.chunk(i)[:4096])) == bench.digest[i], (only, i)
+        assert len(raw.delivered) == len(raw.landed) == 1 and raw.delivered[0] > 0 and raw.landed[0] > 0
+        res = raw.result()
+        assert res["delivered"]["method"] == ("threads_4_random" if kind == "threads" else "threads_8_random")
+        assert res["landed"]["method"] == f"{kind}_4_random"
         case.run.tier.shutdown()
     finally:
         bench.close()

@@ -85,11 +85,14 @@ def _buffers(nbytes: int, fill: bytes = b"") -> BufferPool:
 
 def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, threads: int,
                 seconds: float, models: Sequence[DriveModel] | None = None,
-                deliver: Callable[[int, memoryview], None] | None = None) -> RawResult:
+                deliver: Callable[[int, memoryview], None] | None = None,
+                into: Sequence[memoryview] | None = None) -> RawResult:
     """``threads`` workers share ``ios`` (drive, offset) and issue one blocking preadv/pwritev each.
 
     ``deliver(i, buf)``, if given, runs in the worker after I/O ``i`` with its buffer, before the
     buffer is reused: the least a consumer of the data must do with it (a copy to where it is used).
+    ``into``: I/O ``i`` reads into (or writes from) ``into[i]`` (``size`` bytes, aligned) rather than
+    its worker's one buffer: data landing where it is used, every I/O in memory of its own.
     """
     nxt = itertools.count()  # next() on a count is atomic under the GIL
     done = [0] * threads
@@ -107,7 +110,7 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
                 due = models[d].schedule(op, size, now())
                 if (dt := due - now()) > 0:
                     time.sleep(dt)
-            if io(fds[d], [buf], off) != size:
+            if io(fds[d], [buf if into is None else into[i]], off) != size:
                 raise OSError(f"short {op.name.lower()} at drive {d} offset {off}")
             if deliver is not None:
                 deliver(i, buf)
@@ -126,16 +129,17 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
 
 
 def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, depth: int,
-              seconds: float, models: Sequence[DriveModel] | None = None) -> RawResult:
-    """One io_uring kept ``depth`` I/Os deep over all drives."""
+              seconds: float, models: Sequence[DriveModel] | None = None,
+              into: Sequence[memoryview] | None = None) -> RawResult:
+    """One io_uring kept ``depth`` I/Os deep over all drives (``into``: as for :func:`run_threads`)."""
     from kvswarm.io.uring import make_ring
 
     ring = make_ring(max(8, depth), max(16, 2 * depth), single_thread=True)
-    view = _buffers(size * depth, os.urandom(size) if op == Op.WRITE else b"").view
-    slots = [view[s * size:(s + 1) * size] for s in range(depth)]
+    view = _buffers(size * (depth if into is None else 1), os.urandom(size) if op == Op.WRITE else b"").view
+    slots = [view[s * size:(s + 1) * size] for s in range(depth)] if into is None else []
     prep = ring.prepare_read if op == Op.READ else ring.prepare_write
     n, i, ops, inflight = len(ios), 0, 0, 0
-    held: list[tuple[float, int, int, int]] = []  # (due, slot, drive, offset) while a drive model holds an I/O back
+    held: list[tuple[float, int, int, int, int]] = []  # (due, slot, I/O, drive, offset) while a drive model holds one back
     free = list(range(depth))
     now = time.perf_counter
     c0, t0 = cpu_time(), now()
@@ -147,14 +151,15 @@ def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op:
                 s = free.pop()
                 d, off = ios[i]
                 i += 1
+                buf = slots[s] if into is None else into[i - 1]
                 if models is None:
-                    prep(fds[d], slots[s], off, (s, d, off))
+                    prep(fds[d], buf, off, (s, d, off))
                     inflight += 1
                 else:
-                    heapq.heappush(held, (models[d].schedule(op, size, t), s, d, off))
+                    heapq.heappush(held, (models[d].schedule(op, size, t), s, i - 1, d, off))
             while held and held[0][0] <= t:
-                _, s, d, off = heapq.heappop(held)
-                prep(fds[d], slots[s], off, (s, d, off))
+                _, s, j, d, off = heapq.heappop(held)
+                prep(fds[d], slots[s] if into is None else into[j], off, (s, d, off))
                 inflight += 1
             if not inflight and not held:
                 break
