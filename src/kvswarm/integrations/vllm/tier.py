@@ -219,7 +219,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
         region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
         self._region_file = (region.fd, region.total_size_bytes) if getattr(region, "fd", None) is not None else None
-        self.in_place = False  # loads read straight into the chunks (set by the driver thread, see _huge_primary)
+        self.in_place = False  # loads read straight into the chunks (set once _huge_primary is done)
+        self.region_ready = threading.Event()  # _huge_primary has finished, either way
         self.locality = Locality(locality) if locality is not None else None
         self._flat = primary_kv_view.cast("B")
         self.layout = vllm_layout(offloading_spec, self.block_size_bytes, model_id)
@@ -261,6 +262,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
+        # Beside the driver, not in it: the kernel's copy takes seconds per GiB, and jobs meanwhile load by copy.
+        self._huge = threading.Thread(target=self._huge_primary, name="kvswarm-vllm-huge-pages", daemon=True)
+        self._huge.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
                  len(drives), len(self.store), self.block_size_bytes, self.store.reopen_seconds)
 
@@ -308,6 +312,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._idle.wait_for(lambda: self._pending == 0)
 
     def shutdown(self) -> None:
+        self._huge.join()  # it maps the region's file: done before vLLM may close it
         if self._driver.is_alive():
             self.drain_jobs()
             self._queue.put(None)
@@ -347,7 +352,6 @@ class KVSwarmTierManager(SecondaryTierManager):
         # Jobs queue meanwhile; a lookup waits at most for one huge page to fault in (see populate).
         if not self.store.pool.populate():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
-        self.in_place = self._huge_primary()
         if verify_submit is None:
             log.warning("kvswarm tier: kvswarm._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
@@ -444,29 +448,34 @@ class KVSwarmTierManager(SecondaryTierManager):
             self.store.progress(0.001)  # the next I/O back, or else the next batch verified
         return True
 
-    def _huge_primary(self) -> bool:
+    def _huge_primary(self) -> None:
         """Back vLLM's primary region with 2 MiB pages, and if the kernel does, read loads straight into
-        the chunks (``in_place``): no copy, no pool buffer.
+        the chunks from then on (``in_place``): no copy, no pool buffer.
 
         vLLM maps its region in 4 KiB pages, and an O_DIRECT read into those is cut into several device
         requests: on this machine such reads ran at 0.75-0.94 of reads into huge pages, which is why loads
         read through the buffer pool and copy.  In 2 MiB pages they read as fast as into the pool, and the
         copy's memory traffic and CPU go (docs/integrations.md).  The kernel copies each piece once (about
-        2.7 s per GiB here, on this thread before it serves: jobs queue meanwhile); where it refuses (pages
-        pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1), loads copy as before.
+        2.7 s per GiB here, on a thread of its own: jobs go on meanwhile, loads by copy); where it refuses
+        (pages pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1), loads copy as before.
         """
-        if self._region_file is None or verify_submit is None:
-            return False
-        fd, size = self._region_file
-        t0 = time.perf_counter()
         try:
-            huge = collapse_shared_file(fd, size)
-        except OSError:
+            if self._region_file is None or verify_submit is None:
+                return
+            fd, size = self._region_file
+            t0 = time.perf_counter()
             huge = 0
-        in_place = size == len(self._flat) and huge > 0  # a tail short of 2 MiB stays in 4 KiB pages
-        log.info("kvswarm tier: %d of %d MiB of the primary region in 2 MiB pages (%.2f s); loads %s", huge >> 20,
-                 size >> 20, time.perf_counter() - t0, "read in place" if in_place else "copied from the buffer pool")
-        return in_place
+            for _ in range(3):  # a piece a load's read has pinned meanwhile is refused whole: again, once it is over
+                with contextlib.suppress(OSError):
+                    huge = collapse_shared_file(fd, size)
+                if huge:
+                    break
+            self.in_place = size == len(self._flat) and huge > 0  # a tail short of 2 MiB stays in 4 KiB pages
+            log.info("kvswarm tier: %d of %d MiB of the primary region in 2 MiB pages (%.2f s); loads %s",
+                     huge >> 20, size >> 20, time.perf_counter() - t0,
+                     "read in place" if self.in_place else "copied from the buffer pool")
+        finally:
+            self.region_ready.set()
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
