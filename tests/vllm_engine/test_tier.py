@@ -105,6 +105,8 @@ def test_loads_read_in_place_once_the_region_is_in_huge_pages(drives, huge_pages
         run = JobRunner(tier)
         keys = keys_for(16)
         assert run.run(keys, range(16), load=False).success
+        assert not tier.region_ready.is_set()  # a tier that has not loaded leaves the region as it is
+        assert run.run(keys, range(16, 32), load=True).success  # the first load starts it
         assert tier.region_ready.wait(60)
         if huge_pages and not tier.in_place:
             pytest.skip("this kernel does not collapse shared memory into huge pages (MADV_COLLAPSE)")

@@ -220,6 +220,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
         self._region_file = (region.fd, region.total_size_bytes) if getattr(region, "fd", None) is not None else None
         self.in_place = False  # loads read straight into the chunks (set once _huge_primary is done)
+        # _huge_primary runs beside the driver from the first load on (the kernel's copy takes seconds per GiB, and
+        # loads meanwhile copy): an engine that only stores (a prefill instance) never pays it, nor does a start-up.
+        self._huge: threading.Thread | None = None
         self.region_ready = threading.Event()  # _huge_primary has finished, either way
         self.locality = Locality(locality) if locality is not None else None
         self._flat = primary_kv_view.cast("B")
@@ -262,9 +265,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
-        # Beside the driver, not in it: the kernel's copy takes seconds per GiB, and jobs meanwhile load by copy.
-        self._huge = threading.Thread(target=self._huge_primary, name="kvswarm-vllm-huge-pages", daemon=True)
-        self._huge.start()
+
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
                  len(drives), len(self.store), self.block_size_bytes, self.store.reopen_seconds)
 
@@ -312,11 +313,12 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._idle.wait_for(lambda: self._pending == 0)
 
     def shutdown(self) -> None:
-        self._huge.join()  # it maps the region's file: done before vLLM may close it
         if self._driver.is_alive():
             self.drain_jobs()
             self._queue.put(None)
             self._driver.join()
+        if self._huge is not None:
+            self._huge.join()  # it maps the region's file: done before vLLM may close it
         if self.store.engine is not None:
             self.store.close()
         self._flat.release()  # else vLLM cannot unmap its primary region
@@ -386,6 +388,10 @@ class KVSwarmTierManager(SecondaryTierManager):
                     return False
                 item.ok = [False] * len(item.keys)
                 active.append(item)
+                if item.load and self._huge is None:
+                    self._huge = threading.Thread(target=self._huge_primary, name="kvswarm-vllm-huge-pages",
+                                                  daemon=True)
+                    self._huge.start()
         except queue.Empty:
             pass
         with contextlib.suppress(IndexError):
@@ -456,7 +462,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         requests: on this machine such reads ran at 0.75-0.94 of reads into huge pages, which is why loads
         read through the buffer pool and copy.  In 2 MiB pages they read as fast as into the pool, and the
         copy's memory traffic and CPU go (docs/integrations.md).  The kernel copies each piece once (about
-        2.7 s per GiB here, on a thread of its own: jobs go on meanwhile, loads by copy); where it refuses
+        2.7 s per GiB here, on a thread of its own from the first load: jobs go on meanwhile, loads by copy); where it refuses
         (pages pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1), loads copy as before.
         """
         try:
