@@ -91,7 +91,7 @@ def collapse_shared_file(fd: int, length: int) -> int:
     pages; returns how many bytes are now in them (the whole 2 MiB pieces, or 0).
 
     Why: an O_DIRECT read into 4 KiB pages is cut into requests of at most ``max_segments`` pages
-    (254 on a virtio disk: a 2 MiB read becomes three), which read 0.91-0.94 as fast as reads into
+    (254 on a virtio disk: a 2 MiB read becomes three), which read 0.75-0.94 as fast as reads into
     huge pages here; the same memory in huge pages reads as fast as the pool's.  The kernel only
     makes such a file's pages huge at a 2 MiB-aligned address (``MADV_COLLAPSE``, Linux 6.1; tmpfs
     mounts without ``huge=`` refuse it at fault time, not here), and any mapping of the file then

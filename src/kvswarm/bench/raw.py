@@ -139,7 +139,7 @@ def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op:
     slots = [view[s * size:(s + 1) * size] for s in range(depth)] if into is None else []
     prep = ring.prepare_read if op == Op.READ else ring.prepare_write
     n, i, ops, inflight = len(ios), 0, 0, 0
-    held: list[tuple[float, int, int, int, int]] = []  # (due, slot, I/O, drive, offset) while a drive model holds one back
+    held: list[tuple[float, int, int, int, int]] = []  # (due, slot, I/O, drive, offset): held back by a drive model
     free = list(range(depth))
     now = time.perf_counter
     c0, t0 = cpu_time(), now()

@@ -331,7 +331,7 @@ class RawCeiling:
     method, each block's payload read straight into its own chunk of the primary region, as a load
     must land it.  The ceiling itself reads into a few buffers it reuses, which stay in the CPU's
     cache; on this VM, a disk serving 3-4 GB/s then reads 1 GiB into memory of its own at only
-    0.75-0.8 of that (docs/integrations.md), a cost no load can avoid.
+    0.5-0.8 of that (docs/integrations.md), a cost no load can avoid.
 
     With ``requests`` (each a request's extents) it times, once per round, each request's reads
     issued as one io_uring burst (all in flight at once), the raw side of one request's load.

@@ -265,7 +265,6 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
-
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
                  len(drives), len(self.store), self.block_size_bytes, self.store.reopen_seconds)
 
@@ -462,8 +461,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         requests: on this machine such reads ran at 0.75-0.94 of reads into huge pages, which is why loads
         read through the buffer pool and copy.  In 2 MiB pages they read as fast as into the pool, and the
         copy's memory traffic and CPU go (docs/integrations.md).  The kernel copies each piece once (about
-        2.7 s per GiB here, on a thread of its own from the first load: jobs go on meanwhile, loads by copy); where it refuses
-        (pages pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1), loads copy as before.
+        2.7 s per GiB here, on a thread of its own from the first load: jobs go on meanwhile, loads by
+        copy); where it refuses (pages pinned for a GPU, no free 2 MiB of memory, a kernel before 6.1),
+        loads copy as before.
         """
         try:
             if self._region_file is None or verify_submit is None:
