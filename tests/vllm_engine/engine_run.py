@@ -1,6 +1,7 @@
 """One vLLM engine process with the kvswarm offloading spec; prints a JSON report.
 
     python engine_run.py --model DIR --drives D0,D1 --phase write|read|serve|follow --out FILE [--stop FILE]
+                         [--huge-first]
 
 ``write``: generate a real-text prompt (reference logprobs), wait until its blocks are
 in kvswarm, reset vLLM's prefix cache and its CPU tier, generate again (must be served
@@ -46,6 +47,8 @@ def main() -> None:
     ap.add_argument("--phase", choices=["write", "read", "serve", "follow"], required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--stop", help="serve: exit once this file exists")
+    ap.add_argument("--huge-first", action="store_true",
+                    help="read: the tier backs vLLM's region with 2 MiB pages before the first load (loads in place)")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -63,7 +66,10 @@ def main() -> None:
     ids = tok(prompt_text())["input_ids"][:8 * BLOCK + 7]  # 8 full blocks and a partial one
     prompt = {"prompt_token_ids": ids}
     tier = tier_of(llm)
-    report = {"prompt_tokens": len(ids), "objects_before": len(tier.store)}
+    if args.huge_first:
+        tier.start_huge_pages()
+        tier.region_ready.wait(120)
+    report = {"prompt_tokens": len(ids), "objects_before": len(tier.store), "in_place_at_start": tier.in_place}
     report["first"] = generate(llm, prompt, sp)
     if args.phase in ("write", "serve"):
         # Stores reach kvswarm a step or two after a request ends: drive steps with 1-token requests.

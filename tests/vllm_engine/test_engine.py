@@ -31,8 +31,9 @@ def engine_command(model: str, drives: list[str], phase: str, out: str) -> tuple
             "--phase", phase, "--out", out], env
 
 
-def run_engine(model: str, drives: list[str], phase: str, out: str) -> dict:
+def run_engine(model: str, drives: list[str], phase: str, out: str, *extra: str) -> dict:
     cmd, env = engine_command(model, drives, phase, out)
+    cmd += extra
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     with open(out) as f:
@@ -75,7 +76,10 @@ def test_fresh_process_reuses_persisted_blocks(written, model_dir, tmp_path):
     assert r["objects_after"] == BLOCKS  # nothing rewritten
 
 
-def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, tmp_path):
+@pytest.mark.parametrize("huge_first", [False, True], ids=["copied", "in_place"])
+def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, tmp_path, huge_first):
+    """Loads copied through the pool (the first ones, before vLLM's region is in 2 MiB pages), and loads
+    read straight into vLLM's chunks (once it is): a corrupt block is a miss either way, never wrong KV."""
     drives, w = written
     with KVStore.open(drives, create=False) as store:
         entries = [e for _, e in sorted(store.catalog.entries.items())][:3]
@@ -87,7 +91,10 @@ def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, 
             b = f.read(1)
             f.seek(at)
             f.write(bytes([b[0] ^ 0xFF]))
-    r = run_engine(model_dir, drives, "read", str(tmp_path / "corrupt.json"))
+    r = run_engine(model_dir, drives, "read", str(tmp_path / "corrupt.json"), *(["--huge-first"] if huge_first else []))
+    if huge_first and not r["in_place_at_start"]:
+        pytest.skip("this kernel does not collapse shared memory into huge pages (MADV_COLLAPSE)")
+    assert r["in_place_at_start"] == huge_first  # without it the first loads copy, while the region is collapsed
     assert r["counters"]["corrupt"] == 3
     assert r["counters"]["hits"] <= BLOCKS - 3
     assert r["first"]["cached_tokens"] < BLOCKS * 32  # recomputed from the first bad block on

@@ -387,10 +387,8 @@ class KVSwarmTierManager(SecondaryTierManager):
                     return False
                 item.ok = [False] * len(item.keys)
                 active.append(item)
-                if item.load and self._huge is None:
-                    self._huge = threading.Thread(target=self._huge_primary, name="kvswarm-vllm-huge-pages",
-                                                  daemon=True)
-                    self._huge.start()
+                if item.load:
+                    self.start_huge_pages()
         except queue.Empty:
             pass
         with contextlib.suppress(IndexError):
@@ -452,6 +450,14 @@ class KVSwarmTierManager(SecondaryTierManager):
         elif not finished and not progressed:
             self.store.progress(0.001)  # the next I/O back, or else the next batch verified
         return True
+
+    def start_huge_pages(self) -> None:
+        """Start backing vLLM's region with 2 MiB pages now, beside the driver (it does at the first load
+        otherwise); ``region_ready`` is set once that is done.  Only the driver thread, or a caller that
+        knows it is idle (warm-up), calls this."""
+        if self._huge is None:
+            self._huge = threading.Thread(target=self._huge_primary, name="kvswarm-vllm-huge-pages", daemon=True)
+            self._huge.start()
 
     def _huge_primary(self) -> None:
         """Back vLLM's primary region with 2 MiB pages, and if the kernel does, read loads straight into
