@@ -98,10 +98,11 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
     done = [0] * threads
     stop = time.perf_counter() + seconds
     n = len(ios)
-    pool = _buffers(size * threads, os.urandom(size) if op == Op.WRITE else b"")
+    # With ``into`` every I/O has a buffer of its own: the workers' reused ones would go unused.
+    pool = _buffers(size * threads, os.urandom(size) if op == Op.WRITE else b"") if into is None else None
 
     def worker(w: int) -> None:
-        buf = pool.view[w * size:(w + 1) * size]
+        buf = pool.view[w * size:(w + 1) * size] if pool is not None else None
         io = os.preadv if op == Op.READ else os.pwritev
         count, now = 0, time.perf_counter
         while (i := next(nxt)) < n and now() < stop:
@@ -135,8 +136,10 @@ def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op:
     from kvswarm.io.uring import make_ring
 
     ring = make_ring(max(8, depth), max(16, 2 * depth), single_thread=True)
-    view = _buffers(size * (depth if into is None else 1), os.urandom(size) if op == Op.WRITE else b"").view
-    slots = [view[s * size:(s + 1) * size] for s in range(depth)] if into is None else []
+    slots: list[memoryview] = []  # the reused buffers, without ``into``
+    if into is None:
+        view = _buffers(size * depth, os.urandom(size) if op == Op.WRITE else b"").view
+        slots = [view[s * size:(s + 1) * size] for s in range(depth)]
     prep = ring.prepare_read if op == Op.READ else ring.prepare_write
     n, i, ops, inflight = len(ios), 0, 0, 0
     held: list[tuple[float, int, int, int, int]] = []  # (due, slot, I/O, drive, offset): held back by a drive model

@@ -9,7 +9,8 @@ through the store's catalog rather than one file probe per block.
 All scheduler-facing methods only queue work.  One driver thread owns the store: it
 submits batched reads and writes (``submit_get`` / ``submit_put``), keeps several jobs
 in flight and reports results that ``get_finished_jobs`` hands back.  Loads land in the
-primary region's chunks through the store's ``into`` reads, verified.  A block whose read
+primary region's chunks through the store's ``into`` reads, verified: copied from its buffer pool,
+or, once the region is in 2 MiB pages (from the first load on), read straight into the chunks.  A block whose read
 fails its checksum, or whose drive failed, is deleted and reported failed, so vLLM
 recomputes it and the next lookup is a miss (never wrong KV, never a promotion loop).
 
