@@ -68,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    from kvswarm.errors import KVSwarmError
+
+    try:
+        return int(args._run(args) or 0)
+    except KVSwarmError as e:  # the user's to fix: one line, no traceback
+        print(f"kvswarm: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -33,3 +33,7 @@ class CorruptExtent(KVSwarmError):
 
 class LayoutMismatch(KVSwarmError, ValueError):
     """Stored KV was written for another model or KV layout; it must never be served."""
+
+
+class BadInput(KVSwarmError, ValueError):
+    """A user's input (a text file, a source name, a size) cannot be used as given."""
