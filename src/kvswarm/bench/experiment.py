@@ -24,15 +24,16 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from kvswarm.bench.capture import DecodeCapture
 from kvswarm.placement import DriveView
 from kvswarm.sparse.base import Selector, StepQuery, budget_for, make_selector
 from kvswarm.sparse.kmeans import KMeansPQSelector
 from kvswarm.swarm.cache import CostBenefit, PerLayerLRU
-from kvswarm.bench.capture import DecodeCapture
 from kvswarm.swarm.cluster import Clusters, cluster_heat, contiguous, make_clusterer
 from kvswarm.swarm.coact import cograph, incidence
 from kvswarm.swarm.index import ClusterSelector, LayerAllocation
 from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, copy_hints, plan_layout
+from kvswarm.swarm.profile import preload_from_profile
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
 SINKS, WINDOW = 4, 64
@@ -191,16 +192,13 @@ class Strategy:
 # blocks: block size; kmeans: PQ index size and key-cluster (page) size; raid0: stripe unit;
 # swarm: the clustering threshold; kvswarm: clusterer, cluster size, piece size, replication.
 GRIDS: dict[str, list[dict]] = {
-    "token": [{"block": 1}, {"block": 2}, {"block": 4}, {"block": 8}],
+    "token": [{"block": 1}, {"block": 2}, {"block": 4}],
     "blocks": [{"block": 16}, {"block": 8}, {"block": 32}],
-    "kmeans": [{"pq": (64, 2), "size": 16}, {"pq": (256, 8), "size": 16}, {"pq": (256, 8), "size": 8},
-               {"pq": (64, 2), "size": 32}],
-    "raid0": [{"block": 16}, {"block": 8}, {"block": 32}],
+    "kmeans": [{"pq": (64, 2), "size": 16}, {"pq": (256, 8), "size": 16}, {"pq": (64, 2), "size": 32}],
+    "raid0": [{"block": 16}, {"block": 32}],
     "swarm": [{"tau": 0.5}, {"tau": 0.3}, {"tau": 0.7}],
     "kvswarm": [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
                 {"clusterer": "partition", "size": 20}, {"clusterer": "partition", "size": 8},
-                {"clusterer": "partition", "size": 16},
-                {"clusterer": "partition", "size": 12, "piece_bytes": 24 << 10, "replicate": 0.3},
                 {"clusterer": "partition", "size": 12, "piece_bytes": 96 << 10, "replicate": 0.0},
                 {"clusterer": "partition", "size": 12, "pq": (64, 2)},
                 {"clusterer": "partition", "size": 12, "alloc": False}],
@@ -345,25 +343,11 @@ def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: D
 
 
 def warm_cache(cache: UnitCache, layouts: list[LayerLayout], td: TextData) -> None:
-    """Preload the DRAM cache with the pieces that held the most attention per entry during the
-    profile (all layers ranked together), each with the number of profile steps it held an active
-    entry as its read count: the state the cost-benefit policy reaches after many steps, known
-    at prefill (when the KV is in memory anyway)."""
+    """Preload the DRAM cache from the text's profile (``swarm.profile.preload_from_profile``): the
+    pieces with the most profile attention per entry, known at prefill (when the KV is in memory)."""
     p = td.profile_steps
-    share = td.mass[:p] / np.maximum(td.mass[:p].sum(2, keepdims=True), 1e-30)
-    dens, keys, reads = [], [], []
-    for layer, lay in enumerate(layouts):
-        hold = lay.holders(td.cap.prompt_len)[td.off]  # [n, pieces]
-        sizes = np.maximum(np.asarray(hold.sum(0)).ravel(), 1)
-        dens.append(np.asarray(share[:, layer].mean(0) @ hold).ravel() / sizes)
-        keys.append(np.stack([np.full(len(sizes), layer), np.arange(len(sizes))], 1))
-        act = td.profile_incidence(layer)[:, td.off] @ hold  # [profile steps, pieces]: active entries held
-        reads.append(np.asarray((act > 0).sum(0)).ravel())
-    dens_all, keys_all, reads_all = np.concatenate(dens), np.concatenate(keys), np.concatenate(reads)
-    # Fill in global rank order (a piece that does not fit is skipped, smaller ones may).
-    for i in np.argsort(-dens_all, kind="stable").tolist():
-        layer, piece = int(keys_all[i, 0]), int(keys_all[i, 1])
-        cache.preload(layer, np.array([piece]), np.array([reads_all[i]]))
+    preload_from_profile(cache, layouts, td.mass[:p], [td.profile_incidence(layer) for layer in range(td.layers)],
+                         td.off, td.cap.prompt_len)
 
 
 def retrievers(st: Strategy, layouts: list[LayerLayout], copy_drives: list[list[list[int]]], universe: int,

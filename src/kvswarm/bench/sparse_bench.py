@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, lm=None) -> int:
     if args.mode == "swarm":
         from kvswarm.bench import swarm_bench
 
-        return swarm_bench.run(args)
+        return swarm_bench.run(args, lm)
     args.backend = args.backend or "threads"
     console = Console()
     if not console.is_terminal:  # logs and CI: keep the wide tables readable
