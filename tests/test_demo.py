@@ -35,8 +35,8 @@ def test_demo_takes_a_text_file(lm, tmp_path, capsys):
     from kvswarm import demo
 
     text = tmp_path / "mine.txt"
-    text.write_text("Über die Drives. " + " ".join(f"Line {i}: the cache keeps entry {i % 7} warm." for i in range(80)),
-                    encoding="utf-8")
+    lines = " ".join(f"Line {i}: the cache keeps entry {i % 7} warm." for i in range(80))
+    text.write_text("Über die Drives. " + lines, encoding="utf-8")
     args = build_parser().parse_args(["demo", "--text-file", str(text), "--tokens", "160", "--steps", "2",
                                       "--profile-steps", "2", "--drives", "2", "--drive-mode", "temp", "--dir",
                                       str(tmp_path), "--window", "16"])

@@ -182,8 +182,8 @@ def _run_on_drives(args, lm, doc, kv, pf, ref, prof, pro, steps, clusters, layou
     io_ms = 1e3 * float(np.mean([s.io_s for s in after]))
     agree = agreement(out.predicted[pro:], ref.predicted[pro:])
     wall = sum(out.step_s) - auditor.seconds
-    console.print(f"[bold]kvswarm decode[/] {(pro + steps) / wall:.2f} tok/s; after the profile: I/O {io_ms:.1f} ms per "
-                  f"step (drives idle while the model computes), {np.mean([s.pages for s in after]):.0f} reads; "
+    console.print(f"[bold]kvswarm decode[/] {(pro + steps) / wall:.2f} tok/s; after the profile: I/O {io_ms:.1f} ms "
+                  f"per step (drives idle while the model computes), {np.mean([s.pages for s in after]):.0f} reads; "
                   f"same next token as dense at "
                   f"{agree:.0%} of {steps} steps; attention recall {auditor.stats.mean('recall_offloaded'):.3f} of "
                   f"the offloaded mass")
@@ -234,7 +234,8 @@ def _run_on_drives(args, lm, doc, kv, pf, ref, prof, pro, steps, clusters, layou
     console.print(f"[dim]dense answer:[/] {lm.tokenizer.decode(ref.fed)!r}")
     summary = {"prompt_tokens": float(len(doc)), "steps": float(steps), "profile_steps": float(pro),
                "prefill_s": pf.seconds, "offload_s": wsec, "kvswarm_decode_io_ms_per_step": io_ms,
-               "agreement": agree, "recall": auditor.stats.mean("recall_offloaded"), "misses": float(cache.totals().misses),
+               "agreement": agree, "recall": auditor.stats.mean("recall_offloaded"),
+               "misses": float(cache.totals().misses),
                "kvswarm_io_ms": kvp["io_ms"], "kvswarm_recall": kvp["recall"], "best_baseline": best,
                "best_baseline_io_ms": at[best][0], "speedup_vs_best_baseline": at[best][0] / kvp["io_ms"]}
     for i in range(len(per_drive)):
@@ -273,7 +274,8 @@ def _replay(seq, sel, budget: float, prof, steps: range, tb) -> dict:
     ps = [p for row in plans for _, _, p in row]
     wanted = sum(p.wanted for p in ps)
     return {"budget": budget, "io_ms": 1e3 * float(np.mean(io)), "recall": float(np.mean(recall)),
-            "mb": sum(sum(p.nbytes) for p in ps) / len(plans) / 1e6, "reads": sum(len(p.reads) for p in ps) / len(plans),
+            "mb": sum(sum(p.nbytes) for p in ps) / len(plans) / 1e6,
+            "reads": sum(len(p.reads) for p in ps) / len(plans),
             "hit": sum(p.dram_hits for p in ps) / max(1, wanted)}
 
 

@@ -499,7 +499,8 @@ class TempDrives:
         self.meta_dir = os.path.join(self.root, "meta")
 
     def describe(self) -> str:
-        return f"no emulation: {self.n} directories on the local disk ({self.root}), one O_DIRECT data file each, uncapped"
+        return (f"no emulation: {self.n} directories on the local disk ({self.root}), one O_DIRECT data file each, "
+                "uncapped")
 
     def info(self) -> dict:
         return {"emulation": "none", "drives": self.n, "paths": list(self.paths)}

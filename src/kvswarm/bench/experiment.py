@@ -374,7 +374,8 @@ class IOResult:
     def summary(self, drives: int, model: DriveModel, entry_bytes: int) -> dict:
         t = float(self.io_s.mean())
         bw = float(self.nbytes.sum() / max(self.io_s.sum(), 1e-12))
-        return {"io_ms": 1e3 * t, "recall": float(self.recall.mean()), "io_model_ms": 1e3 * float(self.model_s.mean()) if self.model_s is not None else t * 1e3,
+        return {"io_ms": 1e3 * t, "recall": float(self.recall.mean()),
+                "io_model_ms": 1e3 * float(self.model_s.mean()) if self.model_s is not None else t * 1e3,
                 "mb_per_step": float(self.nbytes.mean() / 1e6),
                 "reads_per_step": float(self.reads.mean()), "bandwidth_mbps": bw / 1e6,
                 "utilisation": bw / (drives * model.read_bps),

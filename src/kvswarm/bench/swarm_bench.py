@@ -111,6 +111,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-steps", type=int, default=None, help="timed steps per point (default 6; quick 4)")
     p.add_argument("--curve", default=None, help="budgets of every recall/I-O curve, comma-separated")
     p.add_argument("--contexts", default=None, help="context lengths of the utilisation sweep ('' for none)")
+    p.add_argument("--tune", choices=["quick", "full"], default=None,
+                   help="tuning grids: the first two entries of each strategy's grid, or all (default: full; quick: quick)")
+    p.add_argument("--no-clusterings", action="store_true", help="skip the clusterer comparison (drive model)")
     p.add_argument("--compute-ms", type=float, default=1.0, help="per-layer compute time the prefetch overlaps")
     p.add_argument("--no-agreement", action="store_true", help="skip the decode runs for token agreement")
     p.add_argument("--summary", default=None,
@@ -152,6 +155,7 @@ class TextRun:
     pqs: dict = field(default_factory=dict)  # (centroids, subspaces) -> PQ index of the text
     selections: dict[tuple, Selections] = field(default_factory=dict)
     cluster_s: dict[str, float] = field(default_factory=dict)
+    planned: dict[tuple, tuple] = field(default_factory=dict)  # (layout key, drives) -> (layouts, retrievers)
 
     def clusters_of(self, st: Strategy) -> dict:
         """The strategy's clusters (strategies with equal ``clusters_id`` share the result)."""
@@ -185,8 +189,12 @@ def estimate(run: TextRun, st: Strategy, strategies, sparsity: float, steps: ran
     """Attended recall and modelled I/O of a strategy (no drives): for tuning on the profile text."""
     td = run.td
     sel = run.select(st, strategies, sparsity, steps)
-    lays = build_layouts(st, td, run.clusters_of(st), drives, entry_bytes(td), model)
-    rets = retrievers(st, lays, simulated_drives(lays, drives), td.cap.prompt_len, entry_bytes(td), drives, model)
+    key = (layout_key(st), st.assign, st.dedup, drives)
+    if key not in run.planned:  # the layout and its retrievers do not depend on the budget
+        lays = build_layouts(st, td, run.clusters_of(st), drives, entry_bytes(td), model)
+        run.planned[key] = (lays, retrievers(st, lays, simulated_drives(lays, drives), td.cap.prompt_len,
+                                             entry_bytes(td), drives, model))
+    lays, rets = run.planned[key]
     cache = make_cache(st, int(dram * td.n * td.layers), lays, model, entry_bytes(td), td)
     return plan_steps(rets, sel, cache, None, model, td).summary(drives, model, entry_bytes(td))
 
@@ -520,6 +528,8 @@ def settings(args: argparse.Namespace) -> dict:
         cfg["contexts"] = [int(x) for x in args.contexts.split(",") if x]
     if args.capture_steps:
         cfg["capture_steps"] = args.capture_steps
+    if args.tune:
+        cfg["tune"] = args.tune
     evals = (args.eval_texts or ",".join(cfg["eval_texts"])).split(",")
     if args.text_file:
         from kvswarm.corpus import file_source
@@ -559,7 +569,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
     # 1. tune every strategy on the profile text (drive model only)
     t0 = time.perf_counter()
     prof = TextRun(load_text(prof_spec, lm, log, args.profile_steps, steps_cap))
-    tsteps = range(prof.td.profile_steps, min(prof.td.cap.steps, prof.td.profile_steps + 6))
+    tsteps = range(prof.td.profile_steps, min(prof.td.cap.steps, prof.td.profile_steps + 4))
     exact = run_selector(prof.td, make_strategy("token").selector(None, None, prof.td), args.budget, tsteps)
     target = float(exact.recall.mean())
     grids = GRIDS if cfg["tune"] == "full" else QUICK_GRIDS
@@ -595,7 +605,8 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
             f"{k} {v['recall']:.3f}/{v['io_model_ms']:.0f}" for k, v in per.items()))
     io_run = runs[0]
     out["config"]["io_text"] = io_run.td.label
-    out["clustering"] = {r.td.label: clustering_experiment(r, args.budget, model) for r in runs[:1]}
+    if not args.no_clusterings:
+        out["clustering"] = {r.td.label: clustering_experiment(r, args.budget, model) for r in runs[:1]}
     phase["texts"] = time.perf_counter() - t_ph
     t_ph = time.perf_counter()
 

@@ -170,7 +170,7 @@ class Bench:
     def restore(self, run, settle: Callable[[], None] | None = None) -> tuple[float, float]:
         """Load every block back (into the same slots), all requests in flight; verify a sample.
         Returns seconds and the process's CPU seconds over the same span.  ``settle`` runs just
-        before the timer starts (see :class:`Settle`)."""
+        before the timer starts (a :class:`kvswarm.testbed.CreditDrain`)."""
         self.primary.mm[:] = bytes(len(self.primary.mm))
         if settle is not None:
             settle()
@@ -583,28 +583,6 @@ def _fresh_child(config: dict, n: int) -> dict:
 
 
 # ---- 3. eight drives ---------------------------------------------------------------------------
-class Settle:
-    """Keeps every testbed drive reading for a little over one throttle slice right before a timed
-    restore starts.  The kernel throttle lets a drive idle for a slice through about one 100 ms
-    slice of budget at once (docs/testbed.md), which a restore of a few tenths of a second counts
-    as speed: kvswarm's 256 MiB over eight drives read at 1.1-1.2 GB/s against 0.8 GB/s of caps."""
-
-    def __init__(self, paths: list[str], seconds: float = 0.15) -> None:
-        self.fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
-        self.ios = [(d, i * MiB) for i in range(64) for d in range(len(paths))]
-        self.seconds = seconds
-
-    def __call__(self) -> None:
-        from kvswarm.bench.raw import run_threads
-        from kvswarm.io.base import Op
-
-        run_threads(self.fds, self.ios, MiB, Op.READ, len(self.fds), self.seconds)
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-
-
 def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> dict:
     from kvswarm.testbed import KERNEL, Testbed
 
@@ -617,7 +595,9 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
             os.makedirs(mnt)
             subprocess.run(["mkfs.ext4", "-q", "-F", tb.paths[0]], check=True)
             subprocess.run(["mount", tb.paths[0], mnt], check=True)
-            settle = Settle(list(tb.paths))
+            # A drive idle for a throttle slice lets about one 100 ms slice of budget through at once,
+            # which a restore of a few tenths of a second would count as speed: drained before each.
+            settle = tb.drain()
             try:
                 try:
                     fs_case = TierCase(bench, fs_config(os.path.join(mnt, "kv")), settle)
