@@ -1,7 +1,7 @@
 """The real model decoding from KV offloaded to N drives with kvswarm's co-activation layout.
 
-Loads SmolLM2-135M-Instruct, wraps a real text (Python's reference docs, or any UTF-8 file with
-``--text-file``) in a chat prompt and prefills it once.  The model's own decode with the KV in
+Loads SmolLM2-135M-Instruct, wraps 2K tokens of real text (Python's reference docs, or any
+UTF-8 file with ``--text-file``) in a chat prompt and prefills it once.  The model's own decode with the KV in
 memory answers first (the dense reference) while a :class:`~kvswarm.swarm.profile.Profiler`
 records the exact attention of every step.  Its first ``--profile-steps`` steps are the
 co-activation profile: kvswarm clusters each layer's co-activated entries, places the clusters
@@ -35,7 +35,7 @@ BASELINE_BUDGETS = (0.05, 0.1, 0.2, 0.3)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 4096; quick 512)")
+    p.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 2048; quick 512)")
     p.add_argument("--steps", type=int, default=None, help="decode steps after the profile (default 16; quick 4)")
     p.add_argument("--profile-steps", type=int, default=None, help="decode steps profiled (default 16; quick 4)")
     p.add_argument("--drives", type=int, default=4)
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, lm=None) -> int:
         console = Console(width=160)
     if args.threads:
         torch.set_num_threads(args.threads)
-    tokens = args.tokens or (512 if args.quick else 4096)
+    tokens = args.tokens or (512 if args.quick else 2048)
     steps = args.steps or (4 if args.quick else 16)
     pro = args.profile_steps or (4 if args.quick else 16)
     source = corpus.file_source(args.text_file) if args.text_file else args.source
