@@ -414,31 +414,36 @@ class CreditDrain:
 
     blk-throttle lets a drive that idled through a slice dispatch about one 100 ms slice of
     budget at once (docs/testbed.md), so an operation timed after an idle gap runs partly on
-    credit and reads faster than the cap.  Calling the drain keeps every drive reading 1 MiB
-    O_DIRECT blocks (one thread per drive, above any cap) for a little over one slice; the
-    timed operation then starts with no credit left.  Reads only: safe on drives in use.
+    credit and reads faster than the cap.  Calling the drain keeps every drive reading
+    ``block``-sized O_DIRECT reads (``depth`` threads per drive, above any cap) for a little over
+    one slice; the timed operation then starts with no credit left but the throttle's admission
+    granularity, under one drain read (128 KiB: 3 ms at 40 MB/s).  Reads only: safe on drives in use.
     In user-space emulation the drive models grant no credit and the drain does nothing."""
 
-    def __init__(self, paths: list[str], seconds: float = 0.15, kernel: bool = True) -> None:
+    def __init__(self, paths: list[str], seconds: float = 0.15, kernel: bool = True, depth: int = 4,
+                 block: int = 128 << 10) -> None:
         import mmap
 
-        self.seconds = seconds
+        self.seconds, self.block = seconds, block
         self.fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths] if kernel else []
-        self.blocks = [max(1, min(64, os.lseek(fd, 0, os.SEEK_END) // MiB)) for fd in self.fds]
-        self.bufs = [mmap.mmap(-1, MiB) for _ in self.fds]  # page-aligned, as O_DIRECT needs
+        self.blocks = [max(1, min(512, os.lseek(fd, 0, os.SEEK_END) // block)) for fd in self.fds]
+        # ``depth`` reads in flight per drive: the throttle's queue never runs dry, even when a
+        # loaded machine is slow to wake the thread whose read just completed.
+        self.jobs = [(i, j) for i in range(len(self.fds)) for j in range(depth)]
+        self.bufs = [mmap.mmap(-1, block) for _ in self.jobs]  # page-aligned, as O_DIRECT needs
 
     def __call__(self) -> None:
         if not self.fds:
             return
         end = time.monotonic() + self.seconds
 
-        def read(i: int) -> None:
-            k = 0
+        def read(job: int) -> None:
+            i, k = self.jobs[job]
             while time.monotonic() < end:
-                os.preadv(self.fds[i], [self.bufs[i]], (k % self.blocks[i]) * MiB)
-                k += 1
+                os.preadv(self.fds[i], [self.bufs[job]], (k % self.blocks[i]) * self.block)
+                k += len(self.jobs)
 
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(len(self.fds))]
+        threads = [threading.Thread(target=read, args=(j,)) for j in range(len(self.jobs))]
         for t in threads:
             t.start()
         for t in threads:
