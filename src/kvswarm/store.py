@@ -76,7 +76,7 @@ class StoreConfig:
     drives: list[str]
     meta_dir: str | None = None  # catalog + manifest; default: the first drive that is a directory
     capacity_per_drive: int = 1 * GiB  # size of the data file created in a directory drive
-    backend: str = "threads"  # "threads", "uring" or "auto" (see kvswarm.io.base.make_engine)
+    backend: str = "threads"  # "threads", "uring" or "auto" (see kvswarm.io.make_engine)
     queue_depth: int = 32  # per drive
     stripe_unit: int = 1 << 20  # largest extent on disk; bigger objects are split and striped
     placement: str | PlacementStrategy = "round_robin"

@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass
 
 from kvswarm.io.base import Op
-from kvswarm.io.throttle import DriveCaps, DriveModel, ThrottledEngine
+from kvswarm.io.raw import run_threads
+from kvswarm.io.throttle import DriveCaps, DrivePacer, ThrottledEngine
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,7 @@ class Testbed:
         self.root = ""
         self.paths: list[str] = []
         self.devices: list[str] = []  # MAJ:MIN per drive (kernel mode)
-        self.models: list[DriveModel] | None = None
+        self.models: list[DrivePacer] | None = None
         self.group: str | None = None
         self._home_group: str | None = None
         self._old_sigterm: object = None
@@ -260,7 +261,7 @@ class Testbed:
             d = os.path.join(self.root, f"drive{i}")
             os.makedirs(d)
             self.paths.append(d)
-        self.models = [DriveModel(self.caps) for _ in range(self.n)]
+        self.models = [DrivePacer(self.caps) for _ in range(self.n)]
 
     def join(self, pid: int | None = None) -> None:
         """Move a process (default: this one, all its threads) into the throttled group."""
@@ -369,8 +370,6 @@ class Testbed:
         before the ``seconds`` it is measured over.
         """
         import random
-
-        from kvswarm.bench.raw import run_threads
 
         path = self.raw_path(drive)
         span = min(span, self.drive_bytes) // (1 << 20) * (1 << 20)

@@ -40,12 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.bench import write_json
-from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
+from kvswarm.io.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
-from kvswarm.io.base import Op, uring_available
-from kvswarm.io.throttle import DriveCaps, DriveModel
+from kvswarm.io import Op, uring_available
+from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.store import KVStore, StoreConfig
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -175,7 +175,7 @@ class Drives:
                                    root=args.dir).start()
             self.paths = list(self.testbed.paths)
             self.meta_dir = self.testbed.meta_dir
-            self.models: list[DriveModel] | None = self.testbed.models
+            self.models: list[DrivePacer] | None = self.testbed.models
             self.describe = self.testbed.describe()
             self.info = self.testbed.info()
         else:

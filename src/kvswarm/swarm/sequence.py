@@ -32,18 +32,14 @@ import numpy as np
 import torch
 import xxhash
 
+from kvswarm.entry_source import EntrySource, Fetched, Geometry, KVMissing, LayerKV
 from kvswarm.errors import DriveError, LayoutMismatch
 from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.sequence import (
-    EntrySource,
-    Fetched,
-    Geometry,
-    LayerKV,
-    KVMissing,
     StoredSequenceKeys,
     StoreRead,
-    _check_kv,
+    check_kv,
     entries_array,
     entries_to_kv,
     payload_entries,
@@ -158,7 +154,7 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
                layouts: list[LayerLayout], *, sinks: int = 4, window: int = 64, salt: bytes = b"",
                seq_id: bytes | None = None, **kw) -> SwarmSequence:
         tokens = np.asarray(token_ids, np.int64)
-        _check_kv(kv, layout, len(tokens))
+        check_kv(kv, layout, len(tokens))
         geo = Geometry(len(tokens), sinks, window)
         # The same prompt with another layout (re-clustered), or of another model, must not share keys
         # (the manifest's key has no model/layout fingerprint of its own).
