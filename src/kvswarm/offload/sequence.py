@@ -33,7 +33,6 @@ import xxhash
 from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.entry_source import EntrySource, Fetched, FetchHandle, Geometry, KVMissing, LayerKV
 from kvswarm.errors import DriveError, KVSwarmError, LayoutMismatch
-from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.grouping import (
     Grouping,
@@ -59,7 +58,7 @@ class StoreRead(FetchHandle):
             self.handle = store.submit_get(keys) if keys else None
         except BufferPoolExhausted:  # more than the store's read buffers hold at once: all misses, recomputed
             log.warning("kvswarm offload: a read of %d objects does not fit the store's buffer pool (%d B): "
-                        "recomputed instead; raise buffer_pool_bytes", len(keys), store.pool.capacity)
+                        "recomputed instead; raise buffer_pool_bytes", len(keys), store.buffer_bytes)
             self.handle = None
         self._result: Fetched | None = None
 
@@ -282,15 +281,15 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
         copy = np.zeros(len(pages), np.int64)
         if table.extra is None or not len(pages):
             return copy
-        ents = self.store.catalog.entries
-        load = np.zeros(len(self.store.drives))
-        healthy = [d.healthy for d in self.store.drives]
+        load = np.zeros(self.store.num_drives)
+        healthy = self.store.drive_health()
         nbytes = [table.extent_bytes(int(p), self.layout.entry_bytes) for p in pages]
         for i in sorted(range(len(pages)), key=lambda j: table.copies(int(pages[j]))):  # fixed pages first
             best, best_drive, best_load = 0, -1, np.inf
-            for c in range(table.copies(int(pages[i]))):
-                e = ents.get(key_digest(self.copy_key(layer, int(pages[i]), c)))
-                d = e.extents[0][0] if e is not None else -1
+            located = self.store.locate([self.copy_key(layer, int(pages[i]), c)
+                                         for c in range(table.copies(int(pages[i])))])
+            for c, e in enumerate(located):
+                d = e.extents[0].drive if e is not None else -1
                 here = load[d] if d >= 0 and healthy[d] else np.inf
                 if here < best_load:
                     best, best_drive, best_load = c, d, here
