@@ -212,7 +212,7 @@ class Testbed:
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
         try:
             if self.requested_mode == UNCAPPED:
-                self._start_uncapped()
+                self._start_directories(UNCAPPED)
             elif self.requested_mode == USERSPACE or reason:
                 self.fallback_reason = reason if self.requested_mode != USERSPACE else "requested"
                 self._start_userspace()
@@ -263,15 +263,11 @@ class Testbed:
             self.join()
 
     def _start_userspace(self) -> None:
-        self.emulation = USERSPACE
-        for i in range(self.n):
-            d = os.path.join(self.root, f"drive{i}")
-            os.makedirs(d)
-            self.paths.append(d)
+        self._start_directories(USERSPACE)
         self.models = [DrivePacer(self.caps) for _ in range(self.n)]
 
-    def _start_uncapped(self) -> None:
-        self.emulation = UNCAPPED
+    def _start_directories(self, emulation: str) -> None:
+        self.emulation = emulation
         for i in range(self.n):
             d = os.path.join(self.root, f"drive{i}")
             os.makedirs(d)
