@@ -96,12 +96,9 @@ def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = N
 def auto_queue_depth(chunk_bytes: int, inflight_bytes: int = 96 << 20) -> int:
     """Reads in flight per drive: about 96 MiB of chunks, 8 to 128 of them.
 
-    Small chunks need the depth to keep the drive busy.  Large ones were once kept shallow: this
-    disk completes a deep queue of large reads in bursts, and with 2 MiB chunks 128 deep a
-    restore's verification all landed after its last read (1.66 vs 2.08 GB/s at 16 deep).  Since
-    verification got cheaper (session 12: streaming-store copies, AVX2 hashing), 2 MiB restores ran
-    46-48 deep at 0.96-1.0 of raw vs 0.91-0.96 at 15 deep in four probes of 20-24 paired rounds; a
-    fifth showed no difference (docs/testbed.md).
+    Small chunks need the depth to keep the drive busy; large ones gain nothing past a few dozen
+    in flight, and the byte budget keeps a restore's verification close behind its reads
+    (measurements: docs/results.md).
     """
     return max(8, min(128, inflight_bytes // extent_size(chunk_bytes)))
 
