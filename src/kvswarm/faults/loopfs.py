@@ -92,13 +92,15 @@ class LoopFS:
         self.mounted = True
 
     def unmount(self) -> None:
+        """Unmount (waiting up to 30 s for what still holds it, e.g. a killed process's I/O), else
+        detach it lazily."""
         if self.mounted:
-            for _ in range(50):
-                if subprocess.run(["umount", self.mnt], capture_output=True).returncode == 0:
+            end = time.monotonic() + 30
+            while subprocess.run(["umount", self.mnt], capture_output=True).returncode != 0:
+                if time.monotonic() > end:
+                    subprocess.run(["umount", "-l", self.mnt], capture_output=True)
                     break
                 time.sleep(0.05)
-            else:
-                _run("umount", "-l", self.mnt)
             self.mounted = False
 
     def shutdown(self) -> None:
@@ -111,6 +113,11 @@ class LoopFS:
         self.shutdown()
         self.unmount()
         self.mount()
+        try:
+            os.statvfs(self.mnt)
+            os.listdir(self.mnt)
+        except OSError as e:  # still the shut-down instance: something held it past the unmount
+            raise RuntimeError(f"{self.mnt} did not come back from its power cut: {e}") from e
 
     def fill(self, leave: int = 0) -> str:
         """Fill the file system with a file until at most ``leave`` bytes are free; its path."""

@@ -19,7 +19,10 @@ MUST_BE_ZERO = ("wrong_bytes", "lost_flushed", "hangs", "raw_exceptions", "cli_t
 @dataclass(frozen=True)
 class Read:
     """One key read back: ``kind`` is "data" (``version`` is what it holds), "wrong" (bytes of no
-    version of it), "counted" (a miss the store counted as failed) or "miss" (not there)."""
+    version of it), "counted" (a miss the store counted as failed) or "miss" (not there).
+
+    A version older than a flush made durable (or a key whose delete was flushed) is a lost flushed
+    write, not wrong bytes: the bytes are exactly what an earlier write wrote."""
 
     kind: str
     version: int | None = None
@@ -80,8 +83,11 @@ class Tally:
     def judge(self, reads: list[Read], allowed: list[set[int | None]], what: str, lossy: bool = False) -> None:
         """Compare each key read back with the versions it may hold (None: absent)."""
         for k, (r, ok) in enumerate(zip(reads, allowed)):
-            if r.kind == "wrong" or (r.kind == "data" and r.version not in ok and not lossy):
-                self.add("wrong_bytes", example=f"{what}: key {k} read {r.version}, allowed {sorted(ok, key=str)}")
+            if r.kind == "wrong":
+                self.add("wrong_bytes", example=f"{what}: key {k} read bytes of no version of it")
+            elif r.kind == "data" and r.version not in ok and not lossy:  # an older write, or a deleted key back
+                self.add("lost_flushed", example=f"{what}: key {k} read version {r.version}, "
+                                                 f"allowed {sorted(ok, key=str)}")
             elif r.kind == "data":
                 self.add("exact_reads")
             elif r.kind == "counted":

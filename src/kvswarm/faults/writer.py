@@ -30,7 +30,8 @@ def ops(rnd: int, nkeys: int) -> list[tuple[int, str]]:
 def store_config(cfg: dict) -> StoreConfig:
     return StoreConfig(drives=cfg["drives"], meta_dir=cfg.get("meta_dir"), backend=cfg.get("backend", "threads"),
                        capacity_per_drive=cfg.get("capacity", 16 << 20), buffer_pool_bytes=8 << 20,
-                       stripe_unit=16384, checkpoint_every=cfg.get("checkpoint_every", 200))
+                       stripe_unit=16384, checkpoint_every=cfg.get("checkpoint_every", 200),
+                       follow=cfg.get("follow", False))
 
 
 def main() -> None:
