@@ -29,7 +29,7 @@ from xxhash import xxh32_intdigest
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import Catalog, Entry, Extent, ExtentTable
 from kvswarm.drive import Drive, open_drive
-from kvswarm.errors import DriveError, DriveFull, FlushError, KVSwarmError
+from kvswarm.errors import ConfigError, DriveError, DriveFull, FlushError, KVSwarmError, MetadataError
 from kvswarm.format import (
     ALIGN,
     FLAG_SECTOR_PAYLOAD,
@@ -69,6 +69,8 @@ _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read 
 MANIFEST = "store.json"
 WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
 GiB = 1 << 30
+MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
+MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
 
 
 @dataclass
@@ -93,12 +95,23 @@ class StoreConfig:
     follow: bool = False
 
     def __post_init__(self) -> None:
-        if not self.drives:
-            raise ValueError("a store needs at least one drive path")
-        if self.stripe_unit % ALIGN or self.stripe_unit <= HEADER_SIZE:
-            raise ValueError(f"stripe_unit {self.stripe_unit} must be a multiple of 4 KiB")
+        """Values that cannot work are refused here, before anything is opened or written."""
+        if isinstance(self.drives, (str, bytes)) or not self.drives:
+            raise ConfigError("a store needs a list of at least one drive path")
+        if len(set(map(os.path.abspath, self.drives))) != len(self.drives):
+            raise ConfigError(f"a drive path appears twice in {self.drives}")
+        for name, low in (("queue_depth", 1), ("stripe_unit", ALIGN), ("buffer_pool_bytes", ALIGN),
+                          ("capacity_per_drive", 2 * ALIGN), ("checkpoint_every", 1), ("error_threshold", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"StoreConfig.{name} must be an integer >= {low}, not {v!r}")
+        if self.stripe_unit % ALIGN or self.capacity_per_drive % ALIGN:
+            raise ConfigError(f"stripe_unit ({self.stripe_unit}) and capacity_per_drive "
+                              f"({self.capacity_per_drive}) must be multiples of 4 KiB")
+        if self.backend not in ("threads", "uring", "auto"):
+            raise ConfigError(f"unknown I/O backend {self.backend!r}: use 'threads', 'uring' or 'auto'")
         if self.drive_kinds is not None and len(self.drive_kinds) != len(self.drives):
-            raise ValueError("drive_kinds must name one class per drive")
+            raise ConfigError("drive_kinds must name one class per drive")
 
 
 @dataclass
@@ -544,6 +557,11 @@ class KVStore:
             raise KVSwarmError("this store follows another process's: only its writer puts")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [_as_bufs(data) for _, data in items]
+        for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
+            n = _bufs_len(mv)
+            if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
+                raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
+                                  f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
         lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
