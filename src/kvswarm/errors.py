@@ -20,6 +20,11 @@ class DriveError(KVSwarmError):
     """A drive path is missing, not writable, of the wrong kind, or failed an I/O."""
 
 
+class DriveUnavailable(DriveError):
+    """A drive of an existing store cannot be read at open (I/O error, no valid superblock, a truncated
+    or missing data file): the store opens without it (see ``KVStore.health``)."""
+
+
 class DriveFull(DriveError):
     """No drive has room for an object (ENOSPC on the pool)."""
 
