@@ -5,8 +5,24 @@ class KVSwarmError(Exception):
     """Base class of kvswarm errors."""
 
 
+class ConfigError(KVSwarmError, ValueError):
+    """A configuration value or argument that cannot work (a queue depth of 0, a pool larger than memory,
+    an object of more parts than a header can count, a key of the wrong length ...)."""
+
+
+class MetadataError(KVSwarmError):
+    """The store's metadata (manifest, checkpoint, journal, ``meta_dir``) is missing, damaged or cannot
+    be written; the message names the file.  Nothing was rewritten: ``kvswarm fsck`` can rebuild the
+    catalog from the drives."""
+
+
 class DriveError(KVSwarmError):
     """A drive path is missing, not writable, of the wrong kind, or failed an I/O."""
+
+
+class DriveUnavailable(DriveError):
+    """A drive of an existing store cannot be read at open (I/O error, no valid superblock, a truncated
+    or missing data file): the store opens without it (see ``KVStore.health``)."""
 
 
 class DriveFull(DriveError):

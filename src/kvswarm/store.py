@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
 import uuid
@@ -27,9 +28,17 @@ import numpy as np
 from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
-from kvswarm.catalog import Catalog, Entry, Extent, ExtentTable
-from kvswarm.drive import Drive, open_drive
-from kvswarm.errors import DriveError, DriveFull, FlushError, KVSwarmError
+from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
+from kvswarm.drive import Drive, failed_drive, format_drive, open_drive, read_superblock
+from kvswarm.errors import (
+    ConfigError,
+    DriveError,
+    DriveFull,
+    DriveUnavailable,
+    FlushError,
+    KVSwarmError,
+    MetadataError,
+)
 from kvswarm.format import (
     ALIGN,
     FLAG_SECTOR_PAYLOAD,
@@ -69,6 +78,8 @@ _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read 
 MANIFEST = "store.json"
 WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
 GiB = 1 << 30
+MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
+MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
 
 
 @dataclass
@@ -93,12 +104,54 @@ class StoreConfig:
     follow: bool = False
 
     def __post_init__(self) -> None:
-        if not self.drives:
-            raise ValueError("a store needs at least one drive path")
-        if self.stripe_unit % ALIGN or self.stripe_unit <= HEADER_SIZE:
-            raise ValueError(f"stripe_unit {self.stripe_unit} must be a multiple of 4 KiB")
+        """Values that cannot work are refused here, before anything is opened or written."""
+        if isinstance(self.drives, (str, bytes)) or not self.drives:
+            raise ConfigError("a store needs a list of at least one drive path")
+        if len(set(map(os.path.abspath, self.drives))) != len(self.drives):
+            raise ConfigError(f"a drive path appears twice in {self.drives}")
+        for name, low in (("queue_depth", 1), ("stripe_unit", ALIGN), ("buffer_pool_bytes", ALIGN),
+                          ("capacity_per_drive", 2 * ALIGN), ("checkpoint_every", 1), ("error_threshold", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"StoreConfig.{name} must be an integer >= {low}, not {v!r}")
+        if self.stripe_unit % ALIGN or self.capacity_per_drive % ALIGN:
+            raise ConfigError(f"stripe_unit ({self.stripe_unit}) and capacity_per_drive "
+                              f"({self.capacity_per_drive}) must be multiples of 4 KiB")
+        if self.backend not in ("threads", "uring", "auto"):
+            raise ConfigError(f"unknown I/O backend {self.backend!r}: use 'threads', 'uring' or 'auto'")
         if self.drive_kinds is not None and len(self.drive_kinds) != len(self.drives):
-            raise ValueError("drive_kinds must name one class per drive")
+            raise ConfigError("drive_kinds must name one class per drive")
+
+
+def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stripe_unit: int) -> None:
+    """Write a store's manifest (fsynced, renamed into place): what makes ``meta_dir`` a store."""
+    path = os.path.join(meta_dir, MANIFEST)
+    m = {"format": 1, "uuid": store_uuid.hex(), "drives": [os.path.abspath(p) for p in drives],
+         "stripe_unit": stripe_unit}
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(m, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(meta_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise MetadataError(f"cannot write manifest {path}: {e.strerror}") from e
+
+
+@dataclass(frozen=True)
+class DriveHealth:
+    """A drive's state as :meth:`KVStore.health` reports it."""
+
+    index: int
+    path: str
+    healthy: bool
+    reason: str  # why it is out of service ("" while healthy)
 
 
 @dataclass
@@ -406,36 +459,56 @@ class KVStore:
         for p in config.drives:
             if not os.path.exists(p):
                 raise DriveError(f"drive path {p!r} does not exist")
+            if not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
+                raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
         self.meta_dir = meta
-        if self._creates:
-            os.makedirs(meta, exist_ok=True)
+        self._prepare_meta_dir()
         self._writer_lock = -1 if config.follow else self._lock_writer()
         kinds = config.drive_kinds or ["ssd"] * len(config.drives)
         self.drives: list[Drive] = []
+        made: list[str] = []  # files this open made, removed if it fails (a new store's data files)
+        new = False
         try:
-            self.store_uuid = self._manifest(config)
-            for i, p in enumerate(config.drives):
-                self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, self._creates,
-                                              kinds[i]))
+            manifest = self._read_manifest()
+            new = manifest is None
+            if new:
+                self._refuse_orphans()
+                self.store_uuid = uuid.uuid4().bytes
+            else:
+                self.store_uuid = manifest
+            self._open_drives(kinds, new, made)
             t0 = time.perf_counter()
-            self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow)
+            self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow, create=new)
+            if new:
+                made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
             self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
             for d in self.drives:
-                self.engine.attach(d.index, d.fd, d.stats)
+                if d.fd >= 0:
+                    self.engine.attach(d.index, d.fd, d.stats)
             self.placement = make_placement(config.placement)
             self.pool = BufferPool(config.buffer_pool_bytes)
+            if new:  # the store exists once its manifest does: written last
+                for d in self.drives:
+                    if d.needs_format:
+                        format_drive(d, self.store_uuid)
+                self._write_manifest()
         except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
             if getattr(self, "engine", None) is not None:
                 self.engine.close()
             if getattr(self, "catalog", None) is not None:
-                self.catalog.close()
+                with contextlib.suppress(KVSwarmError, OSError):
+                    self.catalog.close()
             for d in self.drives:
                 d.close()
+            if new:  # nothing of a store that was never made stays to block the corrected retry
+                for f in made:
+                    with contextlib.suppress(OSError):
+                        os.unlink(f)
             self._unlock_writer()
             raise
         self._lock = threading.Lock()
@@ -453,7 +526,11 @@ class KVStore:
         and interleave their journals.  The kernel drops the lock when the process dies."""
         if not self._creates and not os.path.exists(os.path.join(self.meta_dir, MANIFEST)):
             raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")  # leave no lock file
-        fd = os.open(os.path.join(self.meta_dir, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        path = os.path.join(self.meta_dir, WRITER_LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only or vanished meta_dir
+            raise MetadataError(f"cannot open the writer lock {path}: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -476,32 +553,82 @@ class KVStore:
         return cls(StoreConfig(drives=list(drives), **kw))
 
     # ---- setup -----------------------------------------------------------------------
-    def _manifest(self, config: StoreConfig) -> bytes:
+    def _prepare_meta_dir(self) -> None:
+        """``meta_dir`` is a directory (made for a new store's writer) that this process can write."""
+        meta = self.meta_dir
+        if os.path.exists(meta) and not os.path.isdir(meta):
+            raise MetadataError(f"meta_dir {meta!r} is not a directory")
+        if self._creates:
+            try:
+                os.makedirs(meta, exist_ok=True)
+            except OSError as e:
+                raise MetadataError(f"cannot make meta_dir {meta!r}: {e.strerror}") from e
+        if not self.config.follow and os.path.isdir(meta) and not os.access(meta, os.W_OK | os.X_OK):
+            raise MetadataError(f"meta_dir {meta!r} is not writable")
+
+    def _read_manifest(self) -> bytes | None:
+        """The store uuid its manifest names (the drive list checked against the config), or None when
+        there is no manifest.  A damaged manifest is an error naming it, never a new store."""
         path = os.path.join(self.meta_dir, MANIFEST)
-        drives = [os.path.abspath(p) for p in config.drives]
-        if os.path.exists(path):
-            with open(path) as f:
-                m = json.load(f)
-            if m["drives"] != drives:
-                raise KVSwarmError(f"store at {self.meta_dir} was made with drives {m['drives']}, not {drives}")
-            return bytes.fromhex(m["uuid"])
-        if not self._creates:
-            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
-        m = {"format": 1, "uuid": uuid.uuid4().hex, "drives": drives, "stripe_unit": config.stripe_unit}
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(m, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return bytes.fromhex(m["uuid"])
+        if not os.path.exists(path):
+            if not self._creates:
+                raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
+            return None
+        try:
+            with open(path, "rb") as f:
+                m = json.loads(f.read().decode())
+            sid, listed = bytes.fromhex(m["uuid"]), m["drives"]
+            if len(sid) != 16 or not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+                raise ValueError("bad uuid or drive list")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise MetadataError(f"manifest {path} is damaged or unreadable ({type(e).__name__}: {e}); "
+                                f"`kvswarm fsck` rebuilds it from the drives") from e
+        drives = [os.path.abspath(p) for p in self.config.drives]
+        if listed != drives:
+            raise KVSwarmError(f"store at {self.meta_dir} was made with drives {listed}, not {drives}")
+        return sid
+
+    def _refuse_orphans(self) -> None:
+        """A store without a manifest is new only if nothing of an old one is there: a catalog in
+        ``meta_dir``, or a drive formatted for a store, means the manifest was lost.  Making a new store
+        over them would overwrite their evidence; ``kvswarm fsck --repair`` recovers them instead."""
+        left = [f for f in (JOURNAL, CHECKPOINT) if os.path.exists(os.path.join(self.meta_dir, f))]
+        for p in self.config.drives:
+            with contextlib.suppress(OSError):
+                if (sb := read_superblock(p)) is not None:
+                    left.append(f"drive {p} of store {sb[0].hex()}")
+        if left:
+            raise MetadataError(f"manifest {os.path.join(self.meta_dir, MANIFEST)} is missing but a store is "
+                                f"there ({', '.join(left)}): run `kvswarm fsck --repair` to recover it")
+
+    def _write_manifest(self) -> None:
+        write_manifest(self.meta_dir, self.store_uuid, self.config.drives, self.config.stripe_unit)
+
+    def _open_drives(self, kinds: list[str], new: bool, made: list[str]) -> None:
+        """Open every drive.  A drive of an existing store that cannot be read is left out of service
+        (logged, and listed by :meth:`health`): the store opens with the others.  A new store, or one
+        none of whose drives opens, is refused."""
+        config = self.config
+        for i, p in enumerate(config.drives):
+            try:
+                d = open_drive(i, p, self.store_uuid, config.capacity_per_drive, new, kinds[i], made)
+            except DriveUnavailable as e:
+                if new:
+                    raise
+                log.error("store at %s opens without drive %d (%s): %s", self.meta_dir, i, p, e)
+                d = failed_drive(i, p, kinds[i], str(e))
+            self.drives.append(d)
+        if not any(d.healthy for d in self.drives):
+            raise DriveError("no drive of the store can be opened: " + "; ".join(d.reason for d in self.drives))
 
     def _rebuild_allocators(self) -> None:
         """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
         from kvswarm.allocator import ExtentAllocator
 
         owner, drv, off, ln = self.catalog.extent_columns()
-        caps = np.array([d.capacity for d in self.drives], np.int64)
+        # A drive unreadable at open keeps its objects (misses until it is back), so its unknown size
+        # drops none of them.
+        caps = np.array([d.capacity if d.fd >= 0 else 1 << 62 for d in self.drives], np.int64)
         stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
             bad = np.unique(owner[stale])
@@ -510,12 +637,14 @@ class KVStore:
             keep = ~np.isin(owner, bad)
             drv, off, ln = drv[keep], off[keep], ln[keep]
         for d in self.drives:
+            if d.fd < 0:
+                continue
             mine = drv == d.index
             o, end = off[mine], off[mine] + ln[mine]
             order = np.argsort(o, kind="stable")
             o, end = o[order], end[order]
             if len(o) and (o[0] < d.data_start or (o[1:] < end[:-1]).any()):
-                raise ValueError(f"overlapping extents on drive {d.index}")
+                raise MetadataError(f"the catalog in {self.meta_dir} has overlapping extents on drive {d.index}")
             # Adjacent extents merge into runs, so the allocator sees one entry per gap.
             first = np.ones(len(o), bool)
             first[1:] = o[1:] != end[:-1]
@@ -544,6 +673,11 @@ class KVStore:
             raise KVSwarmError("this store follows another process's: only its writer puts")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [_as_bufs(data) for _, data in items]
+        for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
+            n = _bufs_len(mv)
+            if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
+                raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
+                                  f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
         lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
@@ -666,7 +800,8 @@ class KVStore:
 
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
-            self.drives[drv].alloc.release(off, ln)
+            if (a := self.drives[drv].alloc) is not None:  # a drive unreadable since the open has none
+                a.release(off, ln)
 
     # ---- abandoned batches -------------------------------------------------------------
     def _lease(self, nbytes: int) -> Lease:
@@ -1129,6 +1264,11 @@ class KVStore:
                 out.append(dg)
         return out
 
+    def health(self) -> list[DriveHealth]:
+        """Every drive's state: out of service since the open (unreadable then) or since (I/O errors,
+        a failed flush, its data file removed), with the reason.  Objects on such a drive are misses."""
+        return [DriveHealth(d.index, d.path, d.healthy, d.reason) for d in self.drives]
+
     @property
     def drive_stats(self) -> list[DriveStats]:
         return [d.stats for d in self.drives]
@@ -1141,7 +1281,7 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "free_bytes": d.free_bytes,
+            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "free_bytes": d.free_bytes,
                                              "capacity": d.capacity, "direct_io": d.direct, "kind": d.kind}
                        for d in self.drives],
         }

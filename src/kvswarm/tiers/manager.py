@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.buffers import BufferPoolExhausted
-from kvswarm.errors import DriveFull, FlushError, KVSwarmError
+from kvswarm.errors import ConfigError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
+from kvswarm.prefix.keys import KEY_BYTES
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
@@ -225,6 +226,14 @@ class Prefetch:
                          self._tiers[:usable], pins, results, self.located, late, rejected)
 
 
+def _check_keys(keys: Sequence[bytes]) -> None:
+    """Block keys are KEY_BYTES bytes (a block's header holds the key whole): any other is refused, as it
+    would be stored under a key its header cannot carry and never be found again below DRAM."""
+    for k in keys:
+        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
+            raise ConfigError(f"a block key is {KEY_BYTES} bytes, not {k!r}")
+
+
 def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
     """Drive completions until ``h`` is done or ``deadline`` passes; True when done."""
     if deadline == math.inf:
@@ -280,6 +289,7 @@ class TierManager:
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
+        _check_keys(keys)
         while self._dropped:
             self._abandon(*self._dropped.popleft())
         self._reap(wait=False)
@@ -298,6 +308,13 @@ class TierManager:
 
     def insert(self, keys: Sequence[bytes], payloads: Sequence[object]) -> None:
         """Blocks computed for a request enter DRAM, and the pools as the write policy says."""
+        _check_keys(keys)
+        if len(keys) != len(payloads):
+            raise ConfigError(f"{len(keys)} keys for {len(payloads)} payloads")
+        bb = self.config.block_bytes
+        for k, p in zip(keys, payloads):
+            if (n := memoryview(p).nbytes) != bb:
+                raise ConfigError(f"the payload of block {k.hex()} is {n} B; this manager's blocks are {bb} B")
         self._check_health()
         acts: list[Action] = []
         bufs: dict[bytes, object] = {}
@@ -309,6 +326,7 @@ class TierManager:
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
+        _check_keys(keys)
         acts: list[Action] = []
         for k in keys:
             acts += self.director.evict(key_digest(k), tier)
