@@ -62,7 +62,7 @@ def run_crashes(root: str, sb: Sandbox, tally: Tally, n: int, rng: random.Random
 
 def run_power_cuts(root: str, sb: Sandbox, tally: Tally, n: int, rng: random.Random) -> None:
     with LoopFS(os.path.join(root, "powercut"), size_mib=96) as fs:
-        crash_series(fs.mnt, sb, tally, n, rng, points=(None, "put", "flush", None, "checkpoint"),
+        crash_series(fs.mnt, sb, tally, n, rng, points=(None, "put", "flush", "checkpointed", "checkpoint"),
                      power_cut=fs.power_cut, label="power_cut")
 
 

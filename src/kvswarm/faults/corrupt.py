@@ -247,7 +247,11 @@ def _meta_file(layout: Layout, name: str) -> str | None:
     return p if os.path.exists(p) else None
 
 
-def _bitflip_in(name: str, lo: int, hi: int | None = None):
+def _bitflip_in(name: str, lo: int, hi: int | None = None, keep_lowest_bit: bool = False):
+    """One bit flipped in bytes [lo, hi) of a metadata file.  ``keep_lowest_bit``: never bit 0 of byte
+    ``lo`` (for the journal's epoch: epoch - 1 is what a crash between a checkpoint and the reset of
+    its journal leaves, a stale journal a store must ignore)."""
+
     def inject(layout: Layout, rng: random.Random) -> str | None:
         p = _meta_file(layout, name)
         if p is None:
@@ -256,8 +260,9 @@ def _bitflip_in(name: str, lo: int, hi: int | None = None):
         if end <= lo:
             return None
         at = rng.randrange(lo, end)
-        _rw(p, at, 1, lambda buf: buf.__setitem__(0, buf[0] ^ (1 << rng.randrange(8))))
-        return f"{name}: bit flipped at byte {at}"
+        bit = rng.randrange(1 if keep_lowest_bit and at == lo else 0, 8)
+        _rw(p, at, 1, lambda buf: buf.__setitem__(0, buf[0] ^ (1 << bit)))
+        return f"{name}: bit {bit} flipped at byte {at}"
 
     return inject
 
@@ -399,7 +404,7 @@ KINDS: dict[str, Injector] = {
     "checkpoint_deleted": _deleted(CHECKPOINT),
     "checkpoint_garbage": _garbage(CHECKPOINT),
     "journal_magic_bitflip": _bitflip_in(JOURNAL, 0, 8),
-    "journal_epoch_bitflip": _bitflip_in(JOURNAL, 8, JOURNAL_HEADER),
+    "journal_epoch_bitflip": _bitflip_in(JOURNAL, 8, JOURNAL_HEADER, keep_lowest_bit=True),
     "journal_record_bitflip": _record_bitflip(last=False),
     "journal_last_record_bitflip": _record_bitflip(last=True),
     "journal_torn_tail": _truncated(JOURNAL, tail=True),

@@ -108,9 +108,10 @@ class History:
 def crash_series(root: str, sandbox: Sandbox, tally: Tally, kills: int, rng: random.Random,
                  points: tuple[str | None, ...] = (None,), backend: str = "threads",
                  power_cut: Callable[[], None] | None = None, label: str = "crash") -> None:
-    """``kills`` writer crashes on one store under ``root``: at a random moment (None) or at the named
-    steps of :data:`kvswarm.faults.writer.STEPS`, in turn; ``power_cut`` (if given) runs after each
-    kill, before the check."""
+    """``kills`` writer crashes on one store under ``root``: at a random moment (None), at the named
+    steps of :data:`kvswarm.faults.writer.STEPS` (within 3 ms of starting one) or "checkpointed" (as
+    soon as a checkpoint returned), in turn; ``power_cut`` (if given) runs after each kill, before the
+    check."""
     drives = [os.path.join(root, f"d{i}") for i in range(3)]
     for p in drives:
         os.makedirs(p, exist_ok=True)
@@ -129,10 +130,12 @@ def crash_series(root: str, sandbox: Sandbox, tally: Tally, kills: int, rng: ran
             if point is None:
                 time.sleep(rng.uniform(0.0, 0.8))
             else:
+                line = "CHECKPOINTED " if point == "checkpointed" else f"AT {point} "
                 for _ in range(1 + rng.randrange(3)):  # its 1st, 2nd or 3rd time there
-                    if not w.wait_for(lambda s: s.startswith(f"AT {point} "), 30.0):
+                    if not w.wait_for(lambda s: s.startswith(line), 30.0):
                         break
-                time.sleep(rng.uniform(0.0, 0.003))
+                if point != "checkpointed":
+                    time.sleep(rng.uniform(0.0, 0.003))
         finally:
             err = w.kill()
         if err:

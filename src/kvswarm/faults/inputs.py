@@ -1,7 +1,7 @@
-"""Bad input to the API and the CLI.  A case ends well if it raises one of kvswarm's errors (a
-TypeError for an argument of the wrong type, Python's own convention, counts as clear too), or
-does what it must for a legal edge case, and leaves the store as it was; the CLI's: one line on
-stderr, a non-zero exit, no traceback."""
+"""Bad input to the API and the CLI.  A case ends well if it raises one of kvswarm's errors, or does
+what it must for a legal edge case, and leaves the store as it was; for an argument of the wrong
+type or shape (a str for bytes, a 1-tuple for a (key, data) pair) Python's own TypeError or
+ValueError counts as clear too.  The CLI's: one line on stderr, a non-zero exit, no traceback."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _file(root: str, name: str = "f") -> str:
 class Case:
     name: str
     call: Callable[[KVStore, str], object]  # (an open store of keys 0-4, its root)
-    wrong_type: bool = False  # a TypeError is a clear answer
+    wrong_type: bool = False  # an argument of the wrong type or shape: TypeError / ValueError are clear answers
     on_closed: bool = False  # called after the store is closed
 
 
@@ -114,7 +114,8 @@ API_CASES: list[Case] = [
     _C("get_many None", lambda s, r: s.get_many(None), wrong_type=True),
     _C("get_many int", lambda s, r: s.get_many(3), wrong_type=True),
     _C("get_many [None]", lambda s, r: s.get_many([None]), wrong_type=True),
-    _C("submit_get into wrong length", lambda s, r: s.submit_get([key(0), key(1)], into=[None]).wait()),
+    _C("submit_get into wrong length", lambda s, r: s.submit_get([key(0), key(1)], into=[None]).wait(),
+       wrong_type=True),
     _C("submit_get into bytes", lambda s, r: s.submit_get([key(0)], into=[bytes(40_000)]).wait()),
     _C("submit_get into too small", lambda s, r: s.submit_get([key(0)], into=[bytearray(8)]).wait()),
     *[_C(f"delete key {t}", lambda s, r, k=k: s.delete(k), wrong_type=True)
@@ -146,8 +147,8 @@ def run_api_case(i: int, root: str) -> tuple[str, str, bool]:
         case.call(s, root)
     except KVSwarmError as e:
         outcome, err = "clear", str(e)
-    except TypeError as e:
-        outcome, err = ("clear" if case.wrong_type else "raw"), f"TypeError: {e}"
+    except (TypeError, ValueError) as e:
+        outcome, err = ("clear" if case.wrong_type else "raw"), f"{type(e).__qualname__}: {e}"
     except Exception as e:  # noqa: BLE001 - what the campaign counts
         outcome, err = "raw", f"{type(e).__module__}.{type(e).__qualname__}: {e}"
     if not case.on_closed:
