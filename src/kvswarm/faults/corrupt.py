@@ -60,7 +60,8 @@ def extents(layout: Layout) -> list[ExtentAt]:
         raw = np.fromfile(path, np.uint8)
         n = len(raw) // ALIGN
         starts = raw[: n * ALIGN].reshape(n, ALIGN)[:, :4].copy().view("<u4").ravel()
-        for blk in np.flatnonzero(starts == MAGIC)[1:].tolist():  # block 0 is the superblock
+        starts[0] = 0  # block 0 is the superblock
+        for blk in np.flatnonzero(starts == MAGIC).tolist():
             fields = HEADER_BODY.unpack_from(raw, blk * ALIGN)
             out.append(ExtentAt(path, blk * ALIGN, fields[4]))
     return out
