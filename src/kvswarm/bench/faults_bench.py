@@ -30,7 +30,7 @@ import time
 from kvswarm.argtypes import existing_dir, non_negative_int, positive_float
 from kvswarm.bench import write_json
 
-QUICK = {"crashes": 20, "power_cuts": 10, "corruptions": 210, "enospc": 6, "eio": 6, "race_s": 3.0}
+QUICK = {"crashes": 30, "power_cuts": 10, "corruptions": 210, "enospc": 6, "eio": 6, "race_s": 3.0}
 FULL = {"crashes": 60, "power_cuts": 30, "corruptions": 600, "enospc": 15, "eio": 15, "race_s": 20.0}
 
 

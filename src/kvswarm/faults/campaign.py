@@ -4,6 +4,7 @@ run each with small counts; ``kvswarm bench faults`` with the counts of its opti
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -17,7 +18,7 @@ import xxhash
 from kvswarm.faults import corrupt, inputs, scenarios
 from kvswarm.faults.crash import Writer, child_env, crash_series
 from kvswarm.faults.loopfs import LoopDevice, LoopFS
-from kvswarm.faults.outcome import Read, Tally, read_back
+from kvswarm.faults.outcome import Tally, read_back
 from kvswarm.faults.sandbox import Sandbox
 from kvswarm.faults.writer import STEPS
 from kvswarm.store import WRITER_LOCK
@@ -29,7 +30,7 @@ CALL_S = 60.0  # the bound on one sandboxed step; past it, a hang
 class Plan:
     """How many injections of each kind."""
 
-    crashes: int = 20  # kill -9 at random moments and at named steps
+    crashes: int = 30  # kill -9 at random moments and at named steps
     power_cuts: int = 10  # kill -9, then the file system shut down without its log flushed
     corruptions: int = 200
     enospc: int = 6
@@ -88,7 +89,7 @@ def run_corruptions(root: str, sb: Sandbox, tally: Tally, n: int, rng: random.Ra
     # Built by a process that dies after its last flush, so the journal holds the changes after the checkpoint.
     subprocess.run([sys.executable, "-c", "import json, sys; from kvswarm.faults.scenarios import build; "
                     "build(json.loads(sys.argv[1]), %d, %d, %d, close=False)" % (NKEYS, OVERWRITE, DELETE),
-                    __import__("json").dumps(cfg)], check=True, env=child_env(), timeout=300)
+                    json.dumps(cfg)], check=True, env=child_env(), timeout=300)
     shutil.copytree(store, pristine)
     layout = corrupt.Layout(drives, drives[0])
     kinds = list(corrupt.KINDS)
@@ -318,7 +319,3 @@ def run_campaign(root: str, plan: Plan, progress=None) -> tuple[Tally, dict[str,
             part(sb)
             seconds[name] = time.perf_counter() - t0
     return tally, seconds
-
-
-__all__ = ["Plan", "Read", "run_campaign", "run_crashes", "run_power_cuts", "run_corruptions", "run_enospc",
-           "run_eio", "run_races", "run_bad_inputs"]

@@ -11,7 +11,7 @@ import time
 
 from kvswarm.errors import KVSwarmError
 from kvswarm.faults.loopfs import shutdown
-from kvswarm.faults.outcome import Read, read_open
+from kvswarm.faults.outcome import read_open
 from kvswarm.faults.payloads import key, payload, version_of
 from kvswarm.faults.writer import store_config
 from kvswarm.store import KVStore
@@ -169,7 +169,3 @@ def follow_race(cfg: dict, nkeys: int, seconds: float) -> dict:
     finally:
         s.close()
     return {"reads": reads, "wrong": wrong, "refreshes": refreshes}
-
-
-__all__ = ["Read", "build", "write_until_full", "meta_full", "create_retry", "eio_while_open", "thread_race",
-           "follow_race"]

@@ -2,8 +2,9 @@
 deletes, flushes and checkpoints in deterministic rounds until it is killed.
 
 Before each step it prints ``AT <step> <round>`` (put, delete, flush, checkpoint) and after a flush
-returns ``FLUSHED <round>`` (and ``CHECKPOINTED <round>`` after a checkpoint), each line flushed at once: the parent knows which rounds may have
-reached the drives and which are durable, and can kill it at a named step.  Round ``r``'s
+returns ``FLUSHED <round>`` (and ``CHECKPOINTED <round>`` after a checkpoint), each line flushed at
+once: the parent knows which rounds may have reached the drives and which are durable, and can kill
+it at a named step.  Round ``r``'s
 operations are :func:`ops` ``(r)``; payloads come from :mod:`kvswarm.faults.payloads`.
 """
 
