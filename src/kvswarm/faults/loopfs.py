@@ -94,7 +94,7 @@ class LoopFS:
     def unmount(self) -> None:
         """Unmount (waiting up to 30 s for what still holds it, e.g. a killed process's I/O), else
         detach it lazily."""
-        if self.mounted:
+        if self.mounted and os.path.ismount(self.mnt):
             end = time.monotonic() + 30
             while subprocess.run(["umount", self.mnt], capture_output=True).returncode != 0:
                 if time.monotonic() > end:
@@ -141,12 +141,14 @@ class LoopFS:
         return path
 
     def close(self) -> None:
-        self.unmount()
-        if self.dev is not None:
-            self.dev.close()
-            self.dev = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.image)
+        try:
+            self.unmount()
+        finally:  # the device goes even if the unmount raised
+            if self.dev is not None:
+                self.dev.close()
+                self.dev = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.image)
 
     def __enter__(self) -> LoopFS:
         return self
