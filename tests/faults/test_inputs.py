@@ -21,7 +21,7 @@ ops = st.lists(st.tuples(st.sampled_from(["put", "get", "delete", "flush", "get_
                min_size=1, max_size=12)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=ops)
 def test_fuzz_public_api(tmp_path_factory, ops):
     root = tmp_path_factory.mktemp("fuzz")
@@ -67,7 +67,7 @@ values = st.one_of(st.sampled_from(["0", "-1", "abc", "4k", "4097", "1e999", "na
                    st.text(max_size=6))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pairs=st.lists(st.tuples(st.sampled_from(BENCH_IO_OPTS), values), min_size=1, max_size=4))
 def test_fuzz_bench_io_arguments_never_traceback(pairs):
     """Parsing only (a valid set would start the benchmark): accepted, or exit 2 with one line."""
@@ -81,7 +81,7 @@ def test_fuzz_bench_io_arguments_never_traceback(pairs):
             assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzz_stats_arguments(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("stats")
