@@ -505,3 +505,37 @@ def test_an_open_that_died_making_a_store_does_not_block_the_next(drive_dirs):
         assert s.store_uuid == uuid and s.put(b"a", b"1")
     with _open(paths) as s:
         assert s.get(b"a") == b"1"
+
+
+@needs_root
+def test_a_full_metadata_disk_is_a_clear_error_and_loses_nothing_flushed(tmp_path, drive_dirs):
+    """meta_dir on a 1 MiB tmpfs that a filler fills: flush, checkpoint and close raise MetadataError
+    naming the catalog file; once there is room again, everything flushed before is there."""
+    from fsfaults import small_fs
+
+    from kvswarm.errors import MetadataError
+
+    paths = drive_dirs(2)
+    with small_fs(str(tmp_path / "meta"), "1m") as meta:
+        fds = _fds()
+        s = _open(paths, meta_dir=meta)
+        assert all(s.put_many([(b"a%d" % i, _payload(i)) for i in range(50)]))
+        s.checkpoint()
+        filler = os.path.join(meta, "filler")
+        with open(filler, "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(bytes(64 << 10))
+                    f.flush()
+        for j in range(0, 3000, 500):  # journal records, more than the filled disk takes
+            assert all(s.put_many([(b"b%d" % i, b"b" * 100) for i in range(j, j + 500)]))
+        with pytest.raises(MetadataError, match="catalog.journal.*No space left"):
+            s.flush()
+        with pytest.raises(MetadataError, match="No space left"):
+            s.checkpoint()
+        with pytest.raises(MetadataError, match="No space left"):
+            s.close()
+        assert _fds() == fds  # closed all the same
+        os.remove(filler)
+        with _open(paths, meta_dir=meta) as s:
+            assert all(s.get(b"a%d" % i) == _payload(i) for i in range(50))
