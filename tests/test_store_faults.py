@@ -7,7 +7,6 @@ refused call leaves the store (and the files behind it) as they were.
 from __future__ import annotations
 
 import gc
-import json
 import mmap
 import os
 

@@ -123,8 +123,8 @@ def _scan_drive(index: int, path: str, unit: list[int], found: list[tuple], want
         except OSError as e:
             return DriveScan(index, path, None, error=f"cannot read: {e.strerror}")
         if sb is not None and (want_uuid is not None and sb[0] != want_uuid or sb[1] != index):
-            return DriveScan(index, path, sb[0].hex(),
-                             error=f"its superblock names store {sb[0].hex()} slot {sb[1]}, not this one's slot {index}")
+            return DriveScan(index, path, sb[0].hex(), error=f"its superblock names store {sb[0].hex()} "
+                                                             f"slot {sb[1]}, not this one's slot {index}")
         good = bad = 0
         pos, nxt = ALIGN, ALIGN  # nxt: the end of the last extent verified (no header inside it counts)
         error = ""
@@ -259,7 +259,11 @@ def recover(drives: list[str], meta_dir: str, apply: bool = False, stripe_unit: 
     if report.store_uuid is None:
         raise KVSwarmError("cannot tell which store these drives belong to (no manifest, and their "
                            "superblocks disagree or are unreadable): nothing was written")
-    lock = os.open(os.path.join(meta_dir, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(meta_dir, exist_ok=True)
+        lock = os.open(os.path.join(meta_dir, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise MetadataError(f"cannot write in meta_dir {meta_dir!r}: {e.strerror}") from e
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1319,8 +1319,9 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full, "free_bytes": d.free_bytes,
-                                             "capacity": d.capacity, "direct_io": d.direct, "kind": d.kind}
+            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
+                                             "free_bytes": d.free_bytes, "capacity": d.capacity,
+                                             "direct_io": d.direct, "kind": d.kind}
                        for d in self.drives],
         }
 

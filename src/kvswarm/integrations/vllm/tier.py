@@ -265,6 +265,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._healthy = len(self.store.drives)  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store.catalog, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
+        self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
