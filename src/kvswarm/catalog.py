@@ -140,6 +140,19 @@ def _record_end(data: bytes, pos: int) -> int | None:
         else None
 
 
+def holds_nothing(meta_dir: str) -> bool:
+    """``meta_dir`` has no checkpoint and no journal record: no object was ever recorded there (what an
+    open that died while making a new store leaves)."""
+    jp = os.path.join(meta_dir, JOURNAL)
+    if os.path.exists(os.path.join(meta_dir, CHECKPOINT)):
+        return False
+    if not os.path.exists(jp):
+        return True
+    with open(jp, "rb") as f:
+        data = f.read(_JHDR.size + 1)
+    return data == _JHDR.pack(_J_MAGIC, 0)  # the first epoch's journal, without a record
+
+
 def _damaged_at(data: bytes, end: int) -> bool:
     """The bad record at ``end`` is damage, not a torn tail: a valid record follows it (found where
     its length field says it ends, when only its body is bad)."""
@@ -670,6 +683,14 @@ class Catalog:
         with self._lock:
             owner, drv, _, _ = self.extent_columns()
             return [self.digest_at(r) for r in np.unique(owner[np.isin(drv, list(drives))]).tolist()]
+
+    def written_since(self, generation: int, drives: Sequence[int]) -> list[bytes]:
+        """Digests of the objects of ``generation`` or later with an extent on any of ``drives``: those
+        a flush could not make durable when those drives failed it."""
+        with self._lock:
+            owner, drv, _, _ = self.extent_columns()
+            new = self._rows["generation"][owner] >= generation
+            return [self.digest_at(r) for r in np.unique(owner[new & np.isin(drv, list(drives))]).tolist()]
 
     def digest_at(self, row: int) -> bytes:
         return self._rows["digest"][row].tobytes()

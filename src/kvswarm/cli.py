@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("kvswarm.stats_cli", "print a store's per-drive metrics (table, JSON or prometheus text)"),
     "trace": ("kvswarm.traces", "record activation traces of the real model decoding real texts"),
     "plan": ("kvswarm.planner.cli", "project performance and cost; recommend a DRAM/SSD/HDD mix"),
+    "fsck": ("kvswarm.fsck_cli", "check a store's catalog against its drives; --repair rebuilds it from them"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "io": ("kvswarm.bench.io_bench", "raw O_DIRECT ceiling vs the store's batched get/put"),

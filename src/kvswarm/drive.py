@@ -19,7 +19,7 @@ import xxhash
 
 from kvswarm.allocator import ExtentAllocator
 from kvswarm.errors import DriveError, DriveUnavailable
-from kvswarm.format import ALIGN
+from kvswarm.format import ALIGN, MAGIC
 from kvswarm.metrics import DriveStats
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class Drive:
     is_block_device: bool = False
     healthy: bool = True
     reason: str = ""  # why it is out of service
+    full: bool = False  # a write or sync hit ENOSPC: no new extents until the store reopens
+    nospc: int = 0  # writes that failed with ENOSPC (errors, but not failures of the drive)
     alloc: ExtentAllocator | None = None
     stats: DriveStats = field(default_factory=lambda: DriveStats("?"))
     needs_format: bool = False  # opened for a new store: its superblock is written once the store opens
@@ -51,7 +53,7 @@ class Drive:
 
     @property
     def free_bytes(self) -> int:
-        return self.alloc.free if self.alloc and self.healthy else 0
+        return self.alloc.free if self.alloc and self.healthy and not self.full else 0
 
     @property
     def data_path(self) -> str:
@@ -62,6 +64,14 @@ class Drive:
             log.error("drive %d (%s) marked failed: %s", self.index, self.path, reason)
             self.reason = reason
         self.healthy = False
+
+    def mark_full(self, what: str) -> None:
+        """ENOSPC from the device or the file system under it (a thin volume, a sparse file): the drive
+        keeps serving what it holds and takes no new extents.  A full drive is not a failed one."""
+        if not self.full:
+            log.warning("drive %d (%s) is full (%s): it takes no new writes until the store reopens",
+                        self.index, self.path, what)
+        self.full = True
 
     def unlinked(self) -> str | None:
         """Why this directory drive's data file is no longer the one open (removed, or replaced by
@@ -111,7 +121,7 @@ def open_drive(index: int, path: str, store_uuid: bytes, capacity: int, create: 
     truncated or missing data file) and :class:`DriveError` for one that is not this store's or not
     usable at all; no descriptor stays open either way."""
     if not os.path.exists(path):
-        raise DriveError(f"drive path {path!r} does not exist")
+        raise DriveUnavailable(f"drive path {path!r} does not exist")
     st = os.stat(path)
     d = Drive(index=index, path=path, kind=kind, stats=DriveStats(f"{index}:{os.path.basename(path) or path}"))
     try:
@@ -192,10 +202,20 @@ def read_superblock(path: str) -> tuple[bytes, int, int] | None:
     data = os.path.join(path, DATA_FILE) if os.path.isdir(path) else path
     with open(data, "rb", buffering=0) as f:
         buf = f.read(SUPERBLOCK.size)
-    return _parse_superblock(buf)
+    return parse_superblock(buf)
 
 
-def _parse_superblock(buf) -> tuple[bytes, int, int] | None:
+def ever_written(path: str) -> bool:
+    """Whether the drive at ``path`` ever held an object: the allocator hands out its first extent at
+    the start of the data space, so an extent header there means it did."""
+    with open(os.path.join(path, DATA_FILE) if os.path.isdir(path) else path, "rb", buffering=0) as f:
+        f.seek(ALIGN)
+        head = f.read(4)
+    return len(head) == 4 and struct.unpack("<I", head)[0] == MAGIC
+
+
+def parse_superblock(buf) -> tuple[bytes, int, int] | None:
+    """(store uuid, drive index, capacity) from a superblock's bytes; None unless it verifies."""
     if len(buf) < SUPERBLOCK.size:
         return None
     magic, uuid, idx, cap, csum = SUPERBLOCK.unpack_from(buf)
@@ -209,7 +229,7 @@ def _read_superblock(d: Drive) -> tuple[tuple[bytes, int, int] | None, bool]:
     buf = mmap.mmap(-1, ALIGN)
     try:
         n = os.preadv(d.fd, [buf], 0)
-        return _parse_superblock(buf[:n]), n == ALIGN and buf[:] == bytes(ALIGN)
+        return parse_superblock(buf[:n]), n == ALIGN and buf[:] == bytes(ALIGN)
     finally:
         buf.close()
 

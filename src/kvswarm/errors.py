@@ -32,11 +32,14 @@ class DriveFull(DriveError):
 class FlushError(DriveError):
     """A flush could not make everything written since the previous flush durable: ``drives`` (their
     indices) failed, their fdatasync or another I/O, after taking such writes.  The flush did the rest
-    (the other drives and the catalog are synced), and the next flush reports only new failures."""
+    (the other drives and the catalog are synced), and the next flush reports only new failures.
+    ``dropped``: the digests of the objects written there since the previous flush, which the store
+    deleted (journaled) rather than keep as misses."""
 
-    def __init__(self, drives: list[int], message: str) -> None:
+    def __init__(self, drives: list[int], message: str, dropped: list[bytes] | None = None) -> None:
         super().__init__(message)
         self.drives = drives
+        self.dropped = dropped or []
 
 
 class UnalignedBuffer(KVSwarmError, ValueError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import logging
@@ -28,8 +29,8 @@ import numpy as np
 from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
-from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
-from kvswarm.drive import Drive, failed_drive, format_drive, open_drive, read_superblock
+from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
+from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
 from kvswarm.errors import (
     ConfigError,
     DriveError,
@@ -152,6 +153,7 @@ class DriveHealth:
     path: str
     healthy: bool
     reason: str  # why it is out of service ("" while healthy)
+    full: bool = False  # ENOSPC met: no new writes until the store reopens
 
 
 @dataclass
@@ -456,12 +458,13 @@ class PutHandle(_Handle):
 class KVStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
-        for p in config.drives:
-            if not os.path.exists(p):
-                raise DriveError(f"drive path {p!r} does not exist")
-            if not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
-                raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
+        for p in config.drives:
+            # A drive gone from an existing store leaves it open without that drive (see _open_drives).
+            if not os.path.exists(p) and not (meta and os.path.exists(os.path.join(meta, MANIFEST))):
+                raise DriveError(f"drive path {p!r} does not exist")
+            if os.path.exists(p) and not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
+                raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
         self.meta_dir = meta
@@ -475,8 +478,7 @@ class KVStore:
             manifest = self._read_manifest()
             new = manifest is None
             if new:
-                self._refuse_orphans()
-                self.store_uuid = uuid.uuid4().bytes
+                self.store_uuid = self._unfinished_store() or uuid.uuid4().bytes
             else:
                 self.store_uuid = manifest
             self._open_drives(kinds, new, made)
@@ -515,6 +517,8 @@ class KVStore:
         self._deferred: list[Entry] = []  # extents to free at the next flush
         self._written: set[int] = set()  # drives that took writes since they were last synced
         self._not_durable: set[int] = set()  # drives failed holding unsynced writes, for flush() to report
+        self._synced_gen = self.catalog.next_generation  # objects from this generation on await a flush
+        self._dropped: list[bytes] = []  # digests deleted as not durable, for flush() to report
         # quarantined: failed batches whose buffers were held back, their I/O not confirmed over
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
                          "quarantined": 0}
@@ -588,18 +592,25 @@ class KVStore:
             raise KVSwarmError(f"store at {self.meta_dir} was made with drives {listed}, not {drives}")
         return sid
 
-    def _refuse_orphans(self) -> None:
-        """A store without a manifest is new only if nothing of an old one is there: a catalog in
-        ``meta_dir``, or a drive formatted for a store, means the manifest was lost.  Making a new store
-        over them would overwrite their evidence; ``kvswarm fsck --repair`` recovers them instead."""
-        left = [f for f in (JOURNAL, CHECKPOINT) if os.path.exists(os.path.join(self.meta_dir, f))]
-        for p in self.config.drives:
+    def _unfinished_store(self) -> bytes | None:
+        """A store without a manifest is new, or the rest of an open that died making it (a catalog that
+        records nothing, drives formatted for one store and never written): then its uuid, which the
+        open goes on with.
+        Anything more (records in the catalog, drives of several stores) means a store whose manifest was
+        lost: making a new store over it would destroy its evidence, so that is refused, pointing at
+        ``kvswarm fsck --repair``, which recovers it."""
+        uuids = {}
+        for i, p in enumerate(self.config.drives):
             with contextlib.suppress(OSError):
                 if (sb := read_superblock(p)) is not None:
-                    left.append(f"drive {p} of store {sb[0].hex()}")
-        if left:
-            raise MetadataError(f"manifest {os.path.join(self.meta_dir, MANIFEST)} is missing but a store is "
-                                f"there ({', '.join(left)}): run `kvswarm fsck --repair` to recover it")
+                    uuids[p] = (sb[0], sb[1] == i and not ever_written(p))
+        if holds_nothing(self.meta_dir) and len({u for u, _ in uuids.values()}) <= 1 \
+                and all(ok for _, ok in uuids.values()):
+            return next(iter(uuids.values()))[0] if uuids else None
+        left = [f for f in (JOURNAL, CHECKPOINT) if os.path.exists(os.path.join(self.meta_dir, f))]
+        left += [f"drive {p} of store {u.hex()}" for p, (u, _) in uuids.items()]
+        raise MetadataError(f"manifest {os.path.join(self.meta_dir, MANIFEST)} is missing but a store is "
+                            f"there ({', '.join(left)}): run `kvswarm fsck --repair` to recover it")
 
     def _write_manifest(self) -> None:
         write_manifest(self.meta_dir, self.store_uuid, self.config.drives, self.config.stripe_unit)
@@ -760,7 +771,7 @@ class KVStore:
         if off is not None:
             return drive, off
         for d in sorted(self.drives, key=lambda d: -d.free_bytes):
-            if d.healthy and (off := d.alloc.alloc(nbytes)) is not None:
+            if d.healthy and not d.full and (off := d.alloc.alloc(nbytes)) is not None:
                 return d.index, off
         if self._deferred:  # space waits on a flush: make the frees durable, then retry
             self._sync()
@@ -776,7 +787,12 @@ class KVStore:
             for digest, entry, parts in items:
                 ok = True
                 for r in reqs[k:k + parts]:
-                    if r.result != len(r.buf):
+                    if r.result == -errno.ENOSPC:  # a thin volume out of space: full, not failed
+                        d = self.drives[r.drive]
+                        d.nospc += 1
+                        d.mark_full(f"a write at {r.offset}")
+                        ok = False
+                    elif r.result != len(r.buf):
                         self._io_error(r.drive, r.offset, r.result)
                         ok = False
                     elif not self.drives[r.drive].healthy:  # failed while it was written: never readable
@@ -1124,8 +1140,8 @@ class KVStore:
         log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, offset, result)
         if result is not None and result >= 0:
             d.stats.errors += 1  # a short transfer: the engine counted bytes, not an error
-        if d.stats.errors >= self.config.error_threshold:
-            d.fail(f"{d.stats.errors} I/O errors")
+        if d.stats.errors - d.nospc >= self.config.error_threshold:
+            d.fail(f"{d.stats.errors - d.nospc} I/O errors")
 
     def verify(self, digests: Sequence[bytes], batch: int = 256) -> int:
         """Read and verify the objects with these digests; returns how many are corrupt or unreadable."""
@@ -1171,25 +1187,46 @@ class KVStore:
         self._sync()
         with self._lock:
             lost, self._not_durable = sorted(self._not_durable), set()
+            dropped, self._dropped = self._dropped, []
         if lost:
-            raise FlushError(lost, "writes not durable: " + ", ".join(
-                f"drive {i} ({self.drives[i].path}) failed" for i in lost))
+            raise FlushError(lost, f"writes not durable ({len(dropped)} objects deleted): " + ", ".join(
+                f"drive {i} ({self.drives[i].path}) " + ("full" if self.drives[i].healthy else
+                                                         f"failed: {self.drives[i].reason}") for i in lost),
+                             dropped)
 
     def _sync(self) -> None:
         """fdatasync the healthy drives, sync the catalog, then free the extents that waited on it.  A
-        drive failing its fdatasync, or failed since it took writes, is noted for flush() to report."""
+        drive failing its fdatasync (full: ENOSPC), failed since it took writes, or whose data file was
+        removed, is noted for flush() to report, and the objects written to it since the last flush are
+        deleted (journaled): they are not durable, and would be misses after every restart."""
         with self._lock:
             written, self._written = self._written, set()
+            since, self._synced_gen = self._synced_gen, self.catalog.next_generation
+        lost: set[int] = set()
         for d in self.drives:
-            if d.healthy:
-                try:
-                    os.fdatasync(d.fd)
-                except OSError as e:
+            if not d.healthy:
+                continue
+            if (why := d.unlinked()) is not None:  # writes to an unlinked file vanish at close
+                d.fail(why)
+                continue
+            try:
+                os.fdatasync(d.fd)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    d.mark_full("fdatasync")
+                else:
                     d.fail(f"fdatasync failed: {e.strerror}")
-                    with self._lock:
-                        self._not_durable.add(d.index)
+                lost.add(d.index)
         with self._lock:
-            self._not_durable.update(i for i in written if not self.drives[i].healthy)
+            lost.update(i for i in written if not self.drives[i].healthy)
+            self._not_durable.update(lost)
+        if lost:
+            dropped = [dg for dg in self.catalog.written_since(since, sorted(lost)) if self.delete_digest(dg)]
+            with self._lock:
+                self._dropped += dropped
+            log.error("%d objects written to drives %s since the last flush are not durable: deleted",
+                      len(dropped), sorted(lost))
+        with self._lock:
             # The frees stay safe after a failed fdatasync: the deletes and replacements they wait on
             # are in the catalog synced below, which then points at none of them, and a failed drive
             # is never allocated from again.
@@ -1266,8 +1303,9 @@ class KVStore:
 
     def health(self) -> list[DriveHealth]:
         """Every drive's state: out of service since the open (unreadable then) or since (I/O errors,
-        a failed flush, its data file removed), with the reason.  Objects on such a drive are misses."""
-        return [DriveHealth(d.index, d.path, d.healthy, d.reason) for d in self.drives]
+        a failed flush, its data file removed), with the reason, and whether it is full (ENOSPC: it
+        serves what it holds, and takes no new writes).  Objects on a drive out of service are misses."""
+        return [DriveHealth(d.index, d.path, d.healthy, d.reason, d.full) for d in self.drives]
 
     @property
     def drive_stats(self) -> list[DriveStats]:
@@ -1281,8 +1319,9 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "free_bytes": d.free_bytes,
-                                             "capacity": d.capacity, "direct_io": d.direct, "kind": d.kind}
+            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
+                                             "free_bytes": d.free_bytes, "capacity": d.capacity,
+                                             "direct_io": d.direct, "kind": d.kind}
                        for d in self.drives],
         }
 

@@ -350,6 +350,8 @@ class TierManager:
                 s.flush()
             except FlushError as e:
                 log.error("%s pool: %s", t.name, e)
+                for dg in e.dropped:  # not durable: the store deleted them
+                    self._lost_in_pool(dg, t)
                 failed = True
         if failed:
             self._check_health()
@@ -605,10 +607,14 @@ class TierManager:
         """Blocks demoted into ``tier`` are written: once durable there, their copies above go.  One that
         the flush does not make durable (on a drive that failed, or the catalog's sync failed) stays above."""
         store = self.stores[tier]
+        lost = False
         try:
             store.flush()
-        except FlushError as e:  # the other drives and the catalog are synced
+        except FlushError as e:  # the other drives and the catalog are synced; the store deleted the rest
             log.error("%s pool: %s", tier.name, e)
+            lost = True
+            for dg in set(e.dropped) - set(ds):  # blocks written there before: not durable either
+                self._lost_in_pool(dg, tier)
         except (KVSwarmError, OSError) as e:  # the catalog: none of them is durable yet
             log.error("%s pool: flush failed: %s", tier.name, e)
             for d in ds:
@@ -616,7 +622,8 @@ class TierManager:
             return
         dead = {x.index for x in store.drives if not x.healthy}
         for d in ds:
-            if dead and (e := store.catalog.entries.get(d)) is not None and any(x[0] in dead for x in e.extents):
+            e = store.catalog.get(d)
+            if lost and e is None or dead and e is not None and any(x[0] in dead for x in e.extents):
                 self._stay(tier, d, None)
             else:
                 self._moved(tier, d)

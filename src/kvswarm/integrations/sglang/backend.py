@@ -370,6 +370,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return
         except FlushError as e:  # the other drives and the catalog are synced
             log.error("kvswarm HiCache backend: %s", e)
+            gone = set(e.dropped)  # deleted by the store as not durable
+            for i in todo:
+                if ok[i] and key_digest(keys[i]) in gone:
+                    ok[i] = False
             failed: set[int] | None = {d.index for d in store.drives if not d.healthy}
         except (KVSwarmError, OSError) as e:
             log.error("kvswarm HiCache backend: flush failed: %s", e)
