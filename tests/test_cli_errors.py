@@ -43,6 +43,8 @@ CASES = [
     ["plan", "--model", "nosuch"],
     ["plan", "--budget", "-5"],
     ["bench", "faults", "--crashes", "-1"],
+    ["fsck", "{nowhere}"],
+    ["fsck", "{file}"],
 ]
 
 

@@ -1,11 +1,14 @@
-"""argparse ``type=`` validators shared by the subcommands: a bad value is argparse's one-line
-error before anything runs."""
+"""Checks of command-line input shared by the subcommands: argparse ``type=`` validators (a bad value
+is argparse's one-line error before anything runs) and :func:`check_drive_paths`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import stat
 from collections.abc import Callable
+
+from kvswarm.errors import DriveError, KVSwarmError
 
 
 def _number(kind: Callable[[str], float], text: str, what: str) -> float:
@@ -53,3 +56,16 @@ def comma_list(parse: Callable[[str], int], allow_empty: bool = False) -> Callab
 
     parse_all.__name__ = f"list of {parse.__name__}"
     return parse_all
+
+
+def check_drive_paths(drives: list[str], meta_dir: str | None) -> None:
+    """Say which drive path is wrong, in the terms of the command's options, before a store is opened."""
+    for p in drives:
+        if not os.path.exists(p):
+            raise DriveError(f"drive path {p!r} does not exist")
+        if not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
+            raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
+    if meta_dir is not None and not os.path.isdir(meta_dir):
+        raise KVSwarmError(f"--meta-dir {meta_dir!r} is not a directory")
+    if meta_dir is None and not any(os.path.isdir(p) for p in drives):
+        raise KVSwarmError("every drive is a block device: give --meta-dir, the directory of the store's catalog")

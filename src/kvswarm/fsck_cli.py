@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from kvswarm.argtypes import check_drive_paths, positive_int
 from kvswarm.errors import KVSwarmError
 
 
@@ -20,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("drives", nargs="+", help="the store's drive paths, in order")
     p.add_argument("--meta-dir", help="catalog directory (default: the first drive that is a directory)")
     p.add_argument("--repair", action="store_true", help="write the rebuilt catalog (old files kept aside)")
-    p.add_argument("--stripe-unit", type=int, default=None,
+    p.add_argument("--stripe-unit", type=positive_int, default=None,
                    help="the store's stripe unit in bytes, if its manifest is lost (default: found from the drives)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -32,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     meta = args.meta_dir or next((p for p in args.drives if os.path.isdir(p)), None)
     try:
-        if meta is None:
-            raise KVSwarmError("every drive is a block device: give --meta-dir")
+        check_drive_paths(args.drives, args.meta_dir)
         report = recover(args.drives, meta, apply=args.repair, stripe_unit=args.stripe_unit)
     except KVSwarmError as e:
         print(f"kvswarm fsck: {e}", file=sys.stderr)

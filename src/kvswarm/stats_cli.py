@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import stat
 import time
 
 from rich.console import Console
 from rich.table import Table
 
-from kvswarm.argtypes import non_negative_int
-from kvswarm.errors import DriveError, KVSwarmError
+from kvswarm.argtypes import check_drive_paths, non_negative_int
 from kvswarm.store import KVStore, StoreConfig
 
 
@@ -49,23 +46,10 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
     return t
 
 
-def check_paths(drives: list[str], meta_dir: str | None) -> None:
-    """Say which path is wrong, in the terms of this command's options, before the store is opened."""
-    for p in drives:
-        if not os.path.exists(p):
-            raise DriveError(f"drive path {p!r} does not exist")
-        if not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
-            raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
-    if meta_dir is not None and not os.path.isdir(meta_dir):
-        raise KVSwarmError(f"--meta-dir {meta_dir!r} is not a directory")
-    if meta_dir is None and not any(os.path.isdir(p) for p in drives):
-        raise KVSwarmError("every drive is a block device: give --meta-dir, the directory of the store's catalog")
-
-
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest
 
-    check_paths(args.drives, args.meta_dir)
+    check_drive_paths(args.drives, args.meta_dir)
     # A follower: it writes nothing, so it is safe on a store that its engine is using right now.
     store = KVStore(StoreConfig(drives=args.drives, meta_dir=args.meta_dir, backend=args.backend, follow=True))
     try:

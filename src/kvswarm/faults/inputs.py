@@ -224,6 +224,8 @@ def cli_cases(fx: CliFixtures) -> list[list[str]]:
         ["plan", "--catalog", fx.file], ["plan", "--block-tokens", "0"], ["plan", "--finalists", "0"],
         ["plan", "scale", "--model", "nosuch"], ["nosuch"], ["--nosuch"], ["stats", "--nosuch", d0],
         ["bench", "faults", "--crashes", "-1"], ["bench", "faults", "--corruptions", "x"],
+        ["fsck", nowhere], ["fsck", fx.file], ["fsck", "--stripe-unit", "-1", d0, d1], ["fsck"],
+        ["fsck", "--meta-dir", nowhere, d0, d1],
     ]
     if fx.dev is not None:
         cases += [["stats", fx.dev.path], ["stats", fx.dev.path, "--meta-dir", fx.empty]]
