@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         check_drive_paths(args.drives, args.meta_dir)
         report = recover(args.drives, meta, apply=args.repair, stripe_unit=args.stripe_unit)
     except KVSwarmError as e:
-        print(f"kvswarm fsck: {e}", file=sys.stderr)
+        print(f"kvswarm fsck: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
