@@ -136,6 +136,7 @@ def _flip(path, offset, bit=1):
     ("truncate journal", "journal .*catalog.journal has no valid header"),
     ("delete journal", "journal .*catalog.journal is missing"),
     ("flip a journal record", "journal .*catalog.journal is damaged at byte"),
+    ("flip a journal record's length", "journal .*catalog.journal is damaged at byte"),
 ])
 def test_damaged_catalog_is_an_error_naming_the_file_and_nothing_is_rewritten(drive_dirs, damage, match):
     from kvswarm.catalog import CHECKPOINT, JOURNAL
@@ -154,8 +155,10 @@ def test_damaged_catalog_is_an_error_naming_the_file_and_nothing_is_rewritten(dr
         os.truncate(jn, 10)
     elif damage == "delete journal":
         os.remove(jn)
-    else:
+    elif damage == "flip a journal record":
         _flip(jn, 16 + 8)  # a byte of the first record's digest: its CRC fails, valid ones follow
+    else:
+        _flip(jn, 16 + 1, 0x10)  # the first record's length: it now claims ~4 KiB more than it holds
     before = _files(meta)
     fds = _fds()
     for follow in (False, True):
@@ -538,3 +541,24 @@ def test_a_full_metadata_disk_is_a_clear_error_and_loses_nothing_flushed(tmp_pat
         os.remove(filler)
         with _open(paths, meta_dir=meta) as s:
             assert all(s.get(b"a%d" % i) == _payload(i) for i in range(50))
+
+
+def test_catalog_files_reach_the_disk_before_their_fsync(tmp_path, monkeypatch):
+    """Every fsync of a checkpoint or journal finds the file's bytes written (not still in Python's
+    buffer, where a power cut right after the fsync would lose them)."""
+    from kvswarm.catalog import CKPT_DTYPE, Catalog, Entry
+
+    sizes = []
+    real = os.fsync
+
+    def fsync(fd):
+        sizes.append((os.readlink(f"/proc/self/fd/{fd}"), os.fstat(fd).st_size))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    c = Catalog(str(tmp_path))
+    c.put(b"d" * 16, Entry(c.new_generation(), 10, ((0, 4096, 4096, 7),)))
+    c.checkpoint()
+    c.close()
+    files = {os.path.basename(p): n for p, n in sizes if os.path.basename(p).startswith("catalog")}
+    assert files["catalog.journal.tmp"] == 16 and files["catalog.ckpt.tmp"] == 40 + CKPT_DTYPE.itemsize

@@ -153,12 +153,29 @@ def holds_nothing(meta_dir: str) -> bool:
     return data == _JHDR.pack(_J_MAGIC, 0)  # the first epoch's journal, without a record
 
 
-def _damaged_at(data: bytes, end: int) -> bool:
-    """The bad record at ``end`` is damage, not a torn tail: a valid record follows it (found where
-    its length field says it ends, when only its body is bad)."""
-    ln = _CRC.unpack_from(data, end)[0] if end + _CRC.size <= len(data) else 0
-    nxt = end + ln
-    return ln >= _REC.size + _CRC.size and nxt < len(data) and _record_end(data, nxt) is not None
+_MIN_REC, _MAX_REC = _REC.size + _CRC.size, _REC.size + 0xFFFF * _EXT.size + _CRC.size
+
+
+def _damaged_at(data: bytes, end: int, window: int = 1 << 20) -> bool:
+    """The bad record at ``end`` is damage, not a torn tail: a whole, valid record follows it.  A crash
+    mid-append leaves only part of one record at the end; a bit flipped in a record (its length
+    field too) leaves the records after it intact.  Looked for at every byte after ``end`` whose
+    length and op fields are plausible (numpy, a window at a time), then by its CRC."""
+    n = len(data)
+    for at in range(end + 1, n - _MIN_REC + 1, window):
+        b = np.frombuffer(data, np.uint8, count=min(window + 4, n - at), offset=at)
+        m = len(b) - 4
+        if m <= 0:
+            break
+        ln = b[:m].astype(np.uint32) | b[1:m + 1].astype(np.uint32) << 8 | b[2:m + 2].astype(np.uint32) << 16 \
+            | b[3:m + 3].astype(np.uint32) << 24
+        op = b[4:m + 4]
+        pos = np.arange(at, at + m)
+        cand = np.flatnonzero((ln >= _MIN_REC) & (ln <= _MAX_REC) & ((op == OP_PUT) | (op == OP_DEL))
+                              & (pos + ln <= n))
+        if any(_record_end(data, at + int(c)) is not None for c in cand.tolist()):
+            return True
+    return False
 
 
 class Entries(Mapping[bytes, Entry]):
@@ -344,6 +361,7 @@ class Catalog:
         aside = f"{path}.tail-{self.epoch}-{end}"
         with open(aside, "wb") as f:
             f.write(data[end:])
+            f.flush()  # out of Python's buffer before the fsync
             os.fsync(f.fileno())
         log.warning("journal %s: %d B of a torn last record cut off (kept in %s)", path, len(data) - end, aside)
         with open(path, "r+b") as f:
@@ -502,6 +520,7 @@ class Catalog:
         tmp = self._path(JOURNAL + ".tmp")
         with open(tmp, "wb") as f:
             f.write(_JHDR.pack(_J_MAGIC, self.epoch))
+            f.flush()  # out of Python's buffer before the fsync: else it reaches the disk only at close
             os.fsync(f.fileno())
         os.replace(tmp, self._path(JOURNAL))
         self._fsync_dir()
@@ -753,6 +772,7 @@ class Catalog:
                     with open(tmp, "wb") as f:
                         f.write(_CHDR.pack(_C_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
                         f.write(body)
+                        f.flush()  # out of Python's buffer before the fsync
                         os.fsync(f.fileno())
                 except BaseException:  # e.g. a full disk: the old checkpoint and journal stay as they were
                     with contextlib.suppress(OSError):

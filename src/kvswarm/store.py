@@ -341,11 +341,21 @@ class _Abandoned(NamedTuple):
     extents: list[Entry]  # a put's objects, never in the catalog
 
 
-def _as_bufs(obj: object) -> Bufs:
+def _as_bufs(obj: object, into: bool = False) -> Bufs:
+    """An object's bytes (``into``: a buffer to read into) as one flat view, or its Runs.  Data in a
+    strided (non-contiguous) array is stored as a copy in C order; a strided buffer cannot be read into."""
     if isinstance(obj, Runs):
         return Runs(memoryview(obj.base).cast("B"), np.ascontiguousarray(obj.off, np.int64),
                     np.ascontiguousarray(obj.lens, np.int64))  # the native worker reads them as C arrays
-    return memoryview(obj).cast("B")
+    try:
+        mv = memoryview(obj)
+    except TypeError as e:
+        raise ConfigError(f"{type(obj).__name__} is not a bytes-like object") from e
+    if not mv.c_contiguous:
+        if into:
+            raise ConfigError("a buffer to read into must be contiguous")
+        mv = memoryview(mv.tobytes())
+    return mv.cast("B")
 
 
 def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
@@ -680,8 +690,11 @@ class KVStore:
 
         ``data`` is bytes-like, or :class:`Runs` gathered in order (an engine page's runs, copied
         straight into the store's buffers)."""
+        self._check_open()
         if self.config.follow:
             raise KVSwarmError("this store follows another process's: only its writer puts")
+        if hints is not None and len(hints) != len(items):
+            raise ConfigError(f"{len(hints)} placement hints for {len(items)} items")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [_as_bufs(data) for _, data in items]
         for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
@@ -918,6 +931,8 @@ class KVStore:
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
                            into: Sequence[object | None] | None = None, in_place: bool = False) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
+        if self.engine is None:
+            self._check_open()
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
@@ -925,7 +940,7 @@ class KVStore:
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            bufs_in = [None if into[i] is None else _as_bufs(into[i]) for i in found]
+            bufs_in = [None if into[i] is None else _as_bufs(into[i], True) for i in found]
             if in_place and verify_submit is not None and len(span):
                 direct = _direct_reads(ext, bufs_in)
                 span[direct] = 0  # no pool space
@@ -1167,6 +1182,7 @@ class KVStore:
 
     def delete_digest(self, digest: bytes) -> bool:
         """Drop the object whose key digest is ``digest`` (a restart recovers digests, not keys)."""
+        self._check_open()
         old = self.catalog.delete(digest)
         if old is not None and not self.config.follow:
             self._free_after_flush(old)
@@ -1182,6 +1198,7 @@ class KVStore:
 
         Raises FlushError, once all else is done, when a drive that took writes since the last flush
         failed (its fdatasync here, or another I/O meanwhile): those writes are not durable."""
+        self._check_open()
         if self.config.follow:
             return
         self._sync()
@@ -1244,6 +1261,10 @@ class KVStore:
         self.flush()
         self.catalog.checkpoint()
 
+    def _check_open(self) -> None:
+        if self.engine is None:
+            raise KVSwarmError(f"the store at {self.meta_dir} is closed")
+
     def close(self) -> None:
         if getattr(self, "engine", None) is None:
             return
@@ -1279,6 +1300,8 @@ class KVStore:
     # ---- health and metrics ------------------------------------------------------------
     def fail_drive(self, index: int, reason: str = "taken out of service") -> None:
         """Stop using a drive: its objects become misses, new writes avoid it."""
+        if not isinstance(index, int) or not 0 <= index < len(self.drives):
+            raise ConfigError(f"no drive {index!r}: this store has drives 0-{len(self.drives) - 1}")
         self.drives[index].fail(reason)
 
     def unreadable_digests(self) -> list[bytes]:
