@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from kvswarm.drive import DATA_FILE
 from kvswarm.faults import corrupt, inputs, scenarios
 from kvswarm.faults.crash import Writer, child_env, crash_series
 from kvswarm.faults.loopfs import LoopDevice, LoopFS
@@ -119,69 +120,79 @@ def _dig_holes(path: str) -> None:
     subprocess.run(["fallocate", "--dig-holes", path], check=True, capture_output=True)
 
 
+def _reopened(sb: Sandbox, tally: Tally, cfg: dict, allowed: list[set[int | None]], what: str) -> None:
+    res = sb.call(read_back, cfg, len(allowed), timeout=CALL_S)
+    if tally.call(res, what + " (reopened)"):
+        tally.judge(res.value, allowed, what + " (reopened)")
+
+
+def _data_full(base: str, fs: LoopFS, sb: Sandbox, tally: Tally, what: str) -> None:
+    """Data files made sparse on a full file system: puts there are refused, the rest stays readable."""
+    drives = [os.path.join(fs.mnt, f"d{j}") for j in range(2)]
+    # the catalog elsewhere: only the data writes meet the full file system
+    cfg = {"drives": drives, "meta_dir": os.path.join(base, "meta"), "capacity": 8 << 20}
+    for p in drives:
+        os.makedirs(p)
+    if not tally.call(sb.call(scenarios.build, cfg, 24, 0, 0, False), what):
+        return
+    for p in drives:
+        _dig_holes(os.path.join(p, DATA_FILE))
+    filler = fs.fill()
+    res = sb.call(scenarios.write_until_full, cfg, 24, 400, timeout=CALL_S)
+    os.unlink(filler)
+    if not tally.call(res, what):
+        return
+    _errors(tally, res.value["errors"], what)
+    tally.judge(res.value["reads"], [{1}] * 24, what + " (still open)")
+    if res.value["unhealthy"]:
+        tally.add("full_drive_failed", example=what)
+    stored = set(res.value["stored"])
+    _reopened(sb, tally, cfg, [{1} if k < 24 or k in stored else {1, None} for k in range(424)], what)
+
+
+def _meta_full(base: str, fs: LoopFS, sb: Sandbox, tally: Tally, what: str) -> None:
+    """The catalog's file system full: put, flush, checkpoint and close are clear errors, nothing lost."""
+    drives = [os.path.join(base, f"d{j}") for j in range(2)]
+    cfg = {"drives": drives, "meta_dir": os.path.join(fs.mnt, "meta"), "capacity": 8 << 20}
+    for p in drives:
+        os.makedirs(p)
+    if not tally.call(sb.call(scenarios.build, cfg, 24, 0, 0, False), what):
+        return
+    filler = fs.fill()
+    res = sb.call(scenarios.meta_full, cfg, 24, 40, timeout=CALL_S)
+    os.unlink(filler)
+    if tally.call(res, what):
+        _errors(tally, res.value["errors"], what)
+        tally.judge(res.value["reads"], [{1}] * 24, what + " (still open)")
+    _reopened(sb, tally, cfg, [{1} if k < 24 else {1, None} for k in range(64)], what)
+
+
+def _create_full(base: str, fs: LoopFS, sb: Sandbox, tally: Tally, what: str) -> None:
+    """A new store larger than its file system is refused, and the corrected retry works."""
+    drives = [os.path.join(fs.mnt, f"d{j}") for j in range(2)]
+    cfg = {"drives": drives, "capacity": 4 << 20}
+    for p in drives:
+        os.makedirs(p)
+    res = sb.call(scenarios.create_retry, cfg, 64 << 20, timeout=CALL_S)
+    if not tally.call(res, what):
+        return
+    _errors(tally, res.value["errors"], what)
+    if not res.value["refused"]:
+        tally.add("oversized_accepted", example=what)
+    tally.judge(res.value["reads"], [{1}] * len(res.value["reads"]), what)
+    if res.value["reads"]:
+        _reopened(sb, tally, cfg, [{1}] * 8, what)
+
+
 def run_enospc(root: str, sb: Sandbox, tally: Tally, n: int, rng: random.Random) -> None:
-    kinds = ("data_full", "meta_full", "create_full")
+    kinds = {"data_full": _data_full, "meta_full": _meta_full, "create_full": _create_full}
     for i in range(n):
-        kind = kinds[i % len(kinds)]
+        kind = list(kinds)[i % len(kinds)]
         base = os.path.join(root, f"enospc{i}")
         os.makedirs(base)
         tally.injected(f"enospc:{kind}")
         with LoopFS(base, size_mib=24) as fs:
-            what = f"enospc {kind} #{i}"
-            if kind == "data_full":
-                drives = [os.path.join(fs.mnt, f"d{j}") for j in range(2)]
-                # the catalog elsewhere: only the data writes meet the full file system
-                cfg = {"drives": drives, "meta_dir": os.path.join(base, "meta"), "capacity": 8 << 20}
-                for p in drives:
-                    os.makedirs(p)
-                if not tally.call(sb.call(scenarios.build, cfg, 24, 0, 0, False), what):
-                    continue
-                for p in drives:
-                    _dig_holes(os.path.join(p, "kvswarm.data"))
-                filler = fs.fill()
-                stored: set[int] = set()
-                res = sb.call(scenarios.write_until_full, cfg, 24, 400, timeout=CALL_S)
-                if tally.call(res, what):
-                    _errors(tally, res.value["errors"], what)
-                    tally.judge(res.value["reads"], [{1}] * 24, what + " (still open)")
-                    if res.value["unhealthy"]:
-                        tally.add("full_drive_failed", example=what)
-                    stored = set(res.value["stored"])
-                os.unlink(filler)
-                nk = 24 + 400
-                allowed = [{1} if k < 24 or k in stored else {1, None} for k in range(nk)] if res.ok else None
-            elif kind == "meta_full":
-                drives = [os.path.join(base, f"d{j}") for j in range(2)]
-                meta = os.path.join(fs.mnt, "meta")
-                cfg = {"drives": drives, "meta_dir": meta, "capacity": 8 << 20}
-                for p in drives:
-                    os.makedirs(p)
-                if not tally.call(sb.call(scenarios.build, cfg, 24, 0, 0, False), what):
-                    continue
-                filler = fs.fill()
-                res = sb.call(scenarios.meta_full, cfg, 24, 40, timeout=CALL_S)
-                if tally.call(res, what):
-                    _errors(tally, res.value["errors"], what)
-                    tally.judge(res.value["reads"], [{1}] * 24, what + " (still open)")
-                os.unlink(filler)
-                nk = 64
-                allowed = [{1} if k < 24 else {1, None} for k in range(nk)]
-            else:
-                drives = [os.path.join(fs.mnt, f"d{j}") for j in range(2)]
-                cfg = {"drives": drives, "capacity": 4 << 20}
-                for p in drives:
-                    os.makedirs(p)
-                res = sb.call(scenarios.create_retry, cfg, 64 << 20, timeout=CALL_S)
-                if tally.call(res, what):
-                    _errors(tally, res.value["errors"], what)
-                    if not res.value["refused"]:
-                        tally.add("oversized_accepted", example=what)
-                    tally.judge(res.value["reads"], [{1}] * len(res.value["reads"]), what)
-                nk, allowed = 8, ([{1}] * 8 if res.ok and res.value["reads"] else None)
-            if allowed is not None:
-                res = sb.call(read_back, cfg, nk, timeout=CALL_S)
-                if tally.call(res, what + " (reopened)"):
-                    tally.judge(res.value, allowed, what + " (reopened)")
+            kinds[kind](base, fs, sb, tally, f"enospc {kind} #{i}")
 
 
 # ---- failing devices ---------------------------------------------------------------------------
