@@ -493,7 +493,7 @@ def test_a_drive_directory_removed_while_open_is_taken_out_of_service(drive_dirs
         assert all(s.get(k) == _payload(i) for i, k in enumerate(first) if 1 not in where[k])
 
 
-def test_an_open_that_died_making_a_store_does_not_block_the_next(drive_dirs):
+def test_an_open_that_died_making_a_store_does_not_block_the_next(drive_dirs, tmp_path):
     """Killed after the drives were formatted and the journal started, before the manifest: the next
     open goes on with that store; a store that held objects is never taken for one."""
     paths = drive_dirs(2)
@@ -507,6 +507,12 @@ def test_an_open_that_died_making_a_store_does_not_block_the_next(drive_dirs):
         assert s.store_uuid == uuid and s.put(b"a", b"1")
     with _open(paths) as s:
         assert s.get(b"a") == b"1"
+    fresh = [str(tmp_path / "e0"), str(tmp_path / "e1")]
+    for p in fresh:
+        os.makedirs(p)
+    open(os.path.join(fresh[1], DATA_FILE), "wb").close()  # killed between making a data file and sizing it
+    with _open(fresh) as s:
+        assert s.drives[1].capacity == 16 * MiB and s.put(b"b", b"2") and s.get(b"b") == b"2"
 
 
 @needs_root

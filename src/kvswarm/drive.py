@@ -167,15 +167,16 @@ def _open_file(d: Drive, capacity: int, create: bool, made: list[str] | None) ->
     fresh = not os.path.exists(data)
     if fresh and not create:
         raise DriveUnavailable(f"drive {path!r} holds no kvswarm data file {DATA_FILE}")
-    if fresh and (capacity < 2 * ALIGN or capacity % ALIGN):  # checked before anything is made
+    if create and (capacity < 2 * ALIGN or capacity % ALIGN):  # checked before anything is made
         raise DriveError(f"drive capacity {capacity} must be a multiple of 4 KiB and >= 8 KiB")
     try:
         d.fd, d.direct = _open(data, os.O_RDWR | (os.O_CREAT | os.O_EXCL if fresh else 0))
     except OSError as e:
         raise DriveUnavailable(f"cannot open {data!r}: {e.strerror}") from e
-    if fresh:
-        if made is not None:
-            made.append(data)
+    if fresh and made is not None:
+        made.append(data)
+    # A new store also sizes an empty data file: one an open killed before its preallocation left.
+    if fresh or create and os.fstat(d.fd).st_size == 0:
         try:
             os.posix_fallocate(d.fd, 0, capacity)
         except OSError as e:

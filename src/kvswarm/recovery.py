@@ -130,7 +130,7 @@ def _scan_drive(index: int, path: str, unit: list[int], found: list[tuple], want
         error = ""
         while pos < size:
             try:
-                chunk = os.pread(fd, min(CHUNK, size - pos) // ALIGN * ALIGN, pos)
+                chunk = memoryview(os.pread(fd, min(CHUNK, size - pos) // ALIGN * ALIGN, pos))
             except OSError as e:
                 error = f"read error at {pos}: {e.strerror} (scanned up to there)"
                 break
@@ -143,7 +143,7 @@ def _scan_drive(index: int, path: str, unit: list[int], found: list[tuple], want
                 off = pos + i * ALIGN
                 if off < nxt:
                     continue
-                h = chunk[i * ALIGN:i * ALIGN + HEADER_SIZE]
+                h = bytes(chunk[i * ALIGN:i * ALIGN + HEADER_SIZE])
                 if xxhash.xxh32_intdigest(h[:HEADER_BODY.size]) != HEADER_TAIL.unpack_from(h, HEADER_BODY.size)[0]:
                     continue
                 _, _, flags, digest, plen, part, parts, gen, csum, _ = HEADER_BODY.unpack_from(h)
@@ -153,8 +153,9 @@ def _scan_drive(index: int, path: str, unit: list[int], found: list[tuple], want
                 length = extent_size(pp)
                 if off + length > size:
                     continue
-                try:
-                    payload = os.pread(fd, pp, off + payload_offset(pp))
+                at = i * ALIGN + payload_offset(pp)
+                try:  # from the piece read, where it lies within it
+                    payload = chunk[at:at + pp] if at + pp <= len(chunk) else os.pread(fd, pp, off + payload_offset(pp))
                 except OSError:
                     bad += 1
                     continue
