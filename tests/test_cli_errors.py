@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvswarm import KVStore
-from kvswarm.faults.crash import child_env
+from kvswarm.faults.sandbox import child_env
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import xxhash
 
 from kvswarm.drive import DATA_FILE
 from kvswarm.faults import corrupt, inputs, scenarios
-from kvswarm.faults.crash import Writer, child_env, crash_series
+from kvswarm.faults.crash import Writer, crash_series
 from kvswarm.faults.loopfs import LoopDevice, LoopFS
 from kvswarm.faults.outcome import Tally, read_back
-from kvswarm.faults.sandbox import Sandbox
+from kvswarm.faults.sandbox import Sandbox, child_env
 from kvswarm.faults.writer import STEPS
 from kvswarm.store import WRITER_LOCK
 

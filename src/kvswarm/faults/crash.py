@@ -15,19 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 
-import kvswarm
 from kvswarm.faults.outcome import Read, Tally, read_back
-from kvswarm.faults.sandbox import Sandbox
+from kvswarm.faults.sandbox import Sandbox, child_env
 from kvswarm.faults.writer import ops
 
 START_S = 120.0  # a writer's start-up (imports) on a busy machine
-
-
-def child_env() -> dict[str, str]:
-    """The environment of a child that must import this very kvswarm."""
-    src = os.path.dirname(os.path.dirname(os.path.abspath(kvswarm.__file__)))
-    path = os.environ.get("PYTHONPATH", "")
-    return os.environ | {"PYTHONPATH": src + (os.pathsep + path if path else "")}
 
 
 class Writer:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import kvswarm
 from kvswarm.errors import KVSwarmError
 
 
@@ -55,6 +56,13 @@ def _serve(conn) -> None:
         conn.send(out)
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a child that must import this very kvswarm."""
+    src = os.path.dirname(os.path.dirname(os.path.abspath(kvswarm.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return os.environ | {"PYTHONPATH": src + (os.pathsep + path if path else "")}
+
+
 class Sandbox:
     """One worker process at a time (a fresh interpreter, ``python -m kvswarm.faults.sandbox``, talking
     over a pipe pair); ``close()`` (or ``with``) ends it."""
@@ -65,8 +73,6 @@ class Sandbox:
         self.restarts = 0
 
     def _start(self) -> None:
-        from kvswarm.faults.crash import child_env
-
         child_r, parent_w = os.pipe()
         parent_r, child_w = os.pipe()
         self._proc = subprocess.Popen([sys.executable, "-m", "kvswarm.faults.sandbox", str(child_r), str(child_w)],
