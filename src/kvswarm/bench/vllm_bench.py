@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
 def settings(r: dict, args: argparse.Namespace) -> dict:
     """What a run measured with: sizes, rounds, backends, the references' tuned methods, the testbed."""
     out = {k: r[k] for k in ("quick", "kv_backend", "request_blocks", "rounds")}
-    out |= {"block_kib": [w["block_kib"] for w in r["one_drive"]], "restore_mib": args.restore_mib or (256 if args.quick else 1024),
-            "fresh_rounds": args.fresh_rounds, "engine_load": args.engine_load, "load_avg": os.getloadavg(),
-            "cpus": os.cpu_count()}
+    out |= {"block_kib": [w["block_kib"] for w in r["one_drive"]],
+            "restore_mib": args.restore_mib or (256 if args.quick else 1024), "fresh_rounds": args.fresh_rounds,
+            "engine_load": args.engine_load, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
     for w in r["one_drive"]:
         k = f"{w['block_kib']}k"
         out[f"blocks_{k}"] = w["blocks"]
@@ -693,9 +693,9 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
     out["efficiency_fs"] = out["fs_1_drive"]["restore_gbps"] / cap_gbps
     out["efficiency_kvswarm"] = out["kvswarm_8_drives"]["restore_gbps"] / (8 * cap_gbps)
     console.print(f"  restore fs (1 drive) {out['fs_1_drive']['restore_gbps']:.3f} GB/s, kvswarm (8 drives) "
-                  f"{out['kvswarm_8_drives']['restore_gbps']:.3f} GB/s: x{out['restore_speedup']:.2f} (striping: vLLM's "
-                  f"fs tier has one root and cannot stripe); per drive cap: fs {out['efficiency_fs']:.2f}, kvswarm "
-                  f"{out['efficiency_kvswarm']:.2f}")
+                  f"{out['kvswarm_8_drives']['restore_gbps']:.3f} GB/s: x{out['restore_speedup']:.2f} (striping: "
+                  f"vLLM's fs tier has one root and cannot stripe); per drive cap: fs {out['efficiency_fs']:.2f}, "
+                  f"kvswarm {out['efficiency_kvswarm']:.2f}")
     return out
 
 
