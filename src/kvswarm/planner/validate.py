@@ -198,13 +198,16 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         with console.status(f"fitting the drive model: bursts of {fit_depth} x {args.fit_kib} KiB"):
             _drop_caches()
             profile = bursts(disk, fit_size, fit_depth, 40 if quick else 120, rng)
-            fit_meas = _median_run([closed_loop(disk, fit_size, fit_depth, seconds, rng) for _ in range(rounds)])
+            # The one point everything is predicted from: at least 5 runs, the median kept, so one
+            # stall of the shared disk does not become the model.
+            fit_meas = _median_run([closed_loop(disk, fit_size, fit_depth, seconds, rng)
+                                    for _ in range(max(5, rounds))])
             model = fit_drive(profile, fit_meas)
         fit_sim = simulate_closed_loop(model, fit_size, fit_depth)
         fit = {"size_kib": args.fit_kib, "depth": fit_depth, "bursts": profile.bursts,
                "first_completion_us": profile.first_s * 1e6,
                "read_bw_MBps": model.read_bw / 1e6, "read_latency_us": model.read_latency * 1e6,
-               "measured_throughput_Bps": fit_meas.throughput_Bps, "simulated_throughput_Bps": fit_sim.throughput_Bps,
+               "fit_runs": max(5, rounds), "measured_throughput_Bps": fit_meas.throughput_Bps, "simulated_throughput_Bps": fit_sim.throughput_Bps,
                "reproduction_error": _err(fit_sim.throughput_Bps, fit_meas.throughput_Bps),
                "note": "fitted here: counts in no error figure"}
         raw = []
