@@ -207,7 +207,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         fit = {"size_kib": args.fit_kib, "depth": fit_depth, "bursts": profile.bursts,
                "first_completion_us": profile.first_s * 1e6,
                "read_bw_MBps": model.read_bw / 1e6, "read_latency_us": model.read_latency * 1e6,
-               "fit_runs": max(5, rounds), "measured_throughput_Bps": fit_meas.throughput_Bps, "simulated_throughput_Bps": fit_sim.throughput_Bps,
+               "fit_runs": max(5, rounds), "measured_throughput_Bps": fit_meas.throughput_Bps,
+               "simulated_throughput_Bps": fit_sim.throughput_Bps,
                "reproduction_error": _err(fit_sim.throughput_Bps, fit_meas.throughput_Bps),
                "note": "fitted here: counts in no error figure"}
         raw = []
