@@ -68,7 +68,7 @@ def test_empty_trace_and_broken_catalog(tmp_path, capsys):
     assert main(["--trace", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().out
     cat = tmp_path / "c.toml"
-    from kvswarm.planner.catalog import default_catalog_path
+    from kvswarm.planner.hardware import default_catalog_path
 
     cat.write_text(default_catalog_path().read_text().replace("read_gbps = 6.9 ", "", 1))
     assert main([*SMALL, "--catalog", str(cat)]) == 2
@@ -150,7 +150,7 @@ def test_scale_swarm_comes_from_the_datasheet_and_the_cpu_cost(tmp_path):
     assert free["swarm_8_modelled_gbps"] == pytest.approx(free["swarm_8_device_only_gbps"], rel=0.02)
     assert costly["swarm_8_modelled_gbps"] < 0.5 * free["swarm_8_modelled_gbps"] and costly["swarm_8_cpu_util"] > 0.9
     assert costly["swarm_8_reported_gbps"] == 37.67
-    from kvswarm.planner.catalog import default_catalog_path
+    from kvswarm.planner.hardware import default_catalog_path
 
     cat = tmp_path / "cat.toml"
     cat.write_text(default_catalog_path().read_text().replace("read_gbps = 6.9 ", "read_gbps = 3.45 "))

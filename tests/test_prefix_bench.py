@@ -63,7 +63,7 @@ def test_cli_quick_trace_only_writes_summary_and_plot(tmp_path):
 
 def test_prices_come_from_the_catalog_and_ttft_is_blended_by_tier_shares():
     from kvswarm.bench.prefix_cost import Prices, modelled_ttft
-    from kvswarm.planner.catalog import load_catalog
+    from kvswarm.planner.hardware import load_catalog
 
     p, cat = Prices.from_catalog(), load_catalog()
     assert p.dram_usd_per_gb == cat.dram["ddr5"].price_usd_per_gb

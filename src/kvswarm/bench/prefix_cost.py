@@ -29,7 +29,7 @@ class Prices:
     @classmethod
     def from_catalog(cls, path: str | None = None, dram: str = "ddr5", ssd: str = "pm9a3",
                      hdd: str = "exos_x20") -> Prices:
-        from kvswarm.planner.catalog import load_catalog
+        from kvswarm.planner.hardware import load_catalog
 
         cat = load_catalog(path)
         d, s, h = cat.get("dram", dram), cat.get("drives", ssd), cat.get("drives", hdd)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from kvswarm.sim.devices import DriveModel, SimDrive
+from kvswarm.sim.devices import DriveSpec, SimDrive
 
 ALIGN = 4096
 NO_IOPS_CEILING = 1e12  # ops/s: the fitted model's serial stage is its bandwidth alone
@@ -164,7 +164,7 @@ def bursts(disk: ScratchFile, size: int, depth: int, count: int, rng: random.Ran
     return BurstProfile(size, depth, count, statistics.median(firsts[2:]))
 
 
-def fit_drive(profile: BurstProfile, run: RawRun, name: str = "disk") -> DriveModel:
+def fit_drive(profile: BurstProfile, run: RawRun, name: str = "disk") -> DriveSpec:
     """The simulator's drive fitted at one request size and depth (``profile`` and ``run`` of the
     same size and depth): serial transfer at the closed loop's throughput, fixed latency = the
     burst's first completion less one transfer."""
@@ -172,10 +172,10 @@ def fit_drive(profile: BurstProfile, run: RawRun, name: str = "disk") -> DriveMo
         raise ValueError("the drive model is fitted on one request size and queue depth")
     bw = run.throughput_Bps
     latency = max(0.0, profile.first_s - run.size / bw)
-    return DriveModel(name, bw, bw, NO_IOPS_CEILING, NO_IOPS_CEILING, latency, latency, queue_depth=4096)
+    return DriveSpec(name, bw, bw, NO_IOPS_CEILING, NO_IOPS_CEILING, latency, latency, queue_depth=4096)
 
 
-def simulate_closed_loop(model: DriveModel, size: int, depth: int, ops: int = 4000) -> RawRun:
+def simulate_closed_loop(model: DriveSpec, size: int, depth: int, ops: int = 4000) -> RawRun:
     """The simulator's answer to :func:`closed_loop`: ``depth`` clients reading ``size`` back to back."""
     env = simpy.Environment()
     drive = SimDrive(env, 0, model)

@@ -39,7 +39,7 @@ from kvswarm.planner.disk import ScratchFile, bursts, closed_loop, fit_drive, si
 from kvswarm.planner.hostcost import HostCost, measure_host_cost
 from kvswarm.planner.report import console as make_console
 from kvswarm.planner.report import new_figure, write_outputs
-from kvswarm.sim.devices import DriveModel
+from kvswarm.sim.devices import DriveSpec
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
 
@@ -138,7 +138,7 @@ def _drop_caches() -> None:
         pass  # not root: reads are O_DIRECT anyway
 
 
-def simulate_store(drive: DriveModel, cost: HostCost, depth: int, backend: str, placement: str,
+def simulate_store(drive: DriveSpec, cost: HostCost, depth: int, backend: str, placement: str,
                    wl: Workload) -> tuple[dict, float]:
     """The simulator's answer to :func:`run_store`, and its CPU utilisation over the timed stream."""
     total = sum(n for _, n in wl.items)
