@@ -31,14 +31,13 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE
 from kvswarm.planner.disk import ScratchFile, bursts, closed_loop, fit_drive, simulate_closed_loop
 from kvswarm.planner.hostcost import HostCost, measure_host_cost
 from kvswarm.planner.report import console as make_console
-from kvswarm.planner.report import new_figure, write_outputs
+from kvswarm.planner.report import new_figure, print_error, write_outputs
 from kvswarm.sim.devices import DriveSpec
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
@@ -166,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError, RuntimeError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan validate", e)
         return 2
 
 

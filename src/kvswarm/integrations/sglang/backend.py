@@ -369,6 +369,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return
         except FlushError as e:  # the other drives and the catalog are synced
             log.error("kvswarm HiCache backend: %s", e)
+            gone = set(e.dropped)  # deleted by the store as not durable
+            for i in todo:
+                if ok[i] and key_digest(keys[i]) in gone:
+                    ok[i] = False
             failed: frozenset[int] | None = store.failed_drives()
         except (KVSwarmError, OSError) as e:
             log.error("kvswarm HiCache backend: flush failed: %s", e)
