@@ -48,6 +48,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import FlushError, KVSwarmError
+from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
