@@ -157,17 +157,6 @@ def test_module_level_imports_form_no_cycle():
     assert cycles(deferred=False) == []
 
 
-# Owned by another change in flight: planner/cli.py imports scale.py and validate.py, which import
-# argument helpers back from cli.py inside functions (they move to planner/args.py).
-PLANNER = ["kvswarm.planner.cli", "kvswarm.planner.scale", "kvswarm.planner.validate"]
-
-
-def test_no_cycle_with_deferred_imports_but_the_planner_one():
-    assert [c for c in cycles(deferred=True) if c != PLANNER] == []
-
-
-@pytest.mark.xfail(strict=True, reason="src/kvswarm/planner/cli.py <-> scale.py/validate.py import each other "
-                                       "(deferred) until the shared argument helpers move to planner/args.py")
 def test_no_cycle_with_deferred_imports():
     assert cycles(deferred=True) == []
 
