@@ -20,6 +20,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
     "sglang": ("kvswarm.bench.sglang_bench", "SGLang's file HiCache backend vs kvswarm's backend"),
+    "lmcache": ("kvswarm.bench.lmcache_bench", "LMCache's local disk back end vs kvswarm's storage plugin"),
 }
 
 
