@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             for geo in (SMOLLM2, LLAMA3_8B):
                 n = max(BATCH // 4, budget // geo.chunk_bytes(CHUNK))
                 console.print(f"[bold]{geo.name}: {n} chunks of {geo.chunk_bytes(CHUNK) / MiB:.2f} MiB[/bold]")
-                results["geometries"][geo.name] = measure_geometry(geo, n, rounds, mounts, settle, console)
+                results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console)
             results["restart"] = measure_restart(SMOLLM2, n_restart, mounts, console)
         finally:
             settle.close()
@@ -240,7 +240,8 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
             seen[case]["retrieve_gbps"].append((total - m * size) / t_get / 1e9)
             console.print(f"  round {r + 1} {case:26s} store {total / t_store / 1e9:6.3f} GB/s  retrieve "
                           f"{(total - m * size) / t_get / 1e9:6.3f} GB/s  misses {m}  wrong bytes {w}")
-    out: dict = {"chunks": n, "chunk_bytes": size, "bytes_per_case": total, "misses": misses, "wrong_bytes": wrong}
+    out: dict = {"model": geo.name, "chunks": n, "chunk_bytes": size, "bytes_per_case": total, "misses": misses,
+                 "wrong_bytes": wrong}
     for case, per in seen.items():
         out[case] = {k: statistics.median(v) for k, v in per.items()} | {"rounds": per}
     base = out["lmcache_disk"]["retrieve_gbps"]
@@ -320,8 +321,7 @@ def restart_child(spec: dict) -> dict:
 def summarize(r: dict) -> dict:
     s: dict = {}
     geos = r["geometries"]
-    for name, g in geos.items():
-        tag = name.split("-")[0].lower()
+    for tag, g in geos.items():
         for case in CASES:
             s[f"{tag}_{case}_store_gbps"] = g[case]["store_gbps"]
             s[f"{tag}_{case}_retrieve_gbps"] = g[case]["retrieve_gbps"]
@@ -352,11 +352,11 @@ def report(r: dict, console) -> None:
     t = Table(title="LMCache disk tier: chunks per second through LMCache's back-end calls (GB/s, medians)")
     for col in ("geometry", "case", "drives", "store", "retrieve", "retrieve x"):
         t.add_column(col)
-    for name, g in r["geometries"].items():
+    for g in r["geometries"].values():
         base = g["lmcache_disk"]["retrieve_gbps"]
         for case in CASES:
             drives = DRIVES if case == "kvswarm_4drives" else 1
-            t.add_row(name, case, str(drives), f"{g[case]['store_gbps']:.3f}", f"{g[case]['retrieve_gbps']:.3f}",
+            t.add_row(g["model"], case, str(drives), f"{g[case]['store_gbps']:.3f}", f"{g[case]['retrieve_gbps']:.3f}",
                       f"{g[case]['retrieve_gbps'] / base:.2f}")
     console.print(t)
     s = r["summary"]

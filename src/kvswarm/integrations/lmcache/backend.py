@@ -21,6 +21,7 @@ miss and is deleted, so LMCache recomputes it; a failed drive's chunks stop bein
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import math
 import os
@@ -40,7 +41,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import FlushError, KVSwarmError
-from kvswarm.format import key_digest
+from kvswarm.format import ALIGN, extent_size, key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.integrations.lmcache.settings import PluginSettings
 from kvswarm.layout import KVLayout
@@ -99,6 +100,12 @@ def _buffer(obj: MemoryObj):
     return obj.byte_array
 
 
+def _in_place(buf: memoryview) -> bool:
+    """Whether the store reads a chunk straight into ``buf`` (``submit_get(in_place=True)``: a 4 KiB-aligned
+    buffer of whole sectors, the chunk one extent), so its read takes no buffer-pool room."""
+    return len(buf) % ALIGN == 0 and ctypes.addressof(ctypes.c_char.from_buffer(buf)) % ALIGN == 0
+
+
 @dataclass
 class _PutJob:
     items: list[tuple[CacheEngineKey, bytes, MemoryObj]]  # LMCache key, store key, memory object (one ref held)
@@ -127,8 +134,12 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         for p in paths:
             os.makedirs(p, exist_ok=True)
         s = self.settings
+        # One extent per chunk: a batch's chunks spread over the drives, and each is read with O_DIRECT
+        # straight into LMCache's (4 KiB-aligned) buffer, its payload on sectors of its own.
+        chunk_bytes = self.geometry.token_bytes * self.geometry.chunk_tokens
         self.store = KVStore(StoreConfig(drives=paths, capacity_per_drive=s.capacity_per_drive,
                                          backend=s.io_backend, queue_depth=s.queue_depth,
+                                         stripe_unit=max(1 << 20, extent_size(chunk_bytes)),
                                          buffer_pool_bytes=s.buffer_pool_bytes))
         self.store.pool.populate()  # at start-up, not in the first store
         self._lock = threading.Lock()  # the in-flight set and pins
@@ -270,7 +281,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         ok = [False] * len(items)
         try:
             if time.monotonic() < self._deadline:
-                self._batches([len(_buffer(obj)) for _, _, obj in items],
+                self._batches([self.store.object_bytes(obj.get_size()) for _, _, obj in items],
                               lambda a, b: self.store.submit_put([(sk, _buffer(obj)) for _, sk, obj in items[a:b]]),
                               lambda a, b, h: ok.__setitem__(slice(a, b), h.wait()))
                 if self.settings.durable and any(ok):
@@ -315,37 +326,46 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                 self.store.delete(sk)
                 ok[i] = False
 
-    def _batches(self, sizes: list[int], submit: Callable[[int, int], Any],
+    def _batches(self, costs: list[int], submit: Callable[[int, int], Any],
                  finish: Callable[[int, int, Any], None]) -> None:
-        """Move objects ``[0, len(sizes))`` as store batches of at most a quarter of the buffer pool
-        (reads and writes share it), two in flight: ``submit(a, b)`` gives a handle, ``finish(a, b,
-        handle)`` takes its outcome, in order.  A batch the pool has no room for waits for this call's
-        earlier batch, else for other threads' leases (up to ROOM_WAIT_S), else fails."""
-        store = self.store
-        cap = max(1, store.pool.capacity // 4)
-        cuts, acc = [0], 0
-        for i, n in enumerate(sizes):
-            b = store.object_bytes(n)
-            if acc and acc + b > cap:
-                cuts.append(i)
-                acc = 0
-            acc += b
-        cuts.append(len(sizes))
+        """Move objects ``[0, len(costs))`` as store batches, ``costs`` being each one's buffer-pool
+        bytes (0: read in place), at most half the pool a batch, two in flight: ``submit(a, b)`` gives
+        a handle, ``finish(a, b, handle)`` takes its outcome, in order.  A batch the pool has no room
+        for (other threads' leases) waits for this call's earlier batch, else is halved, else (one
+        object) waits up to ROOM_WAIT_S for room, else fails."""
+        cap = max(1, self.store.pool.capacity // 2)
+        todo: list[tuple[int, int]] = []
+        a, acc = 0, 0
+        for i, c in enumerate(costs):
+            if i > a and acc + c > cap:
+                todo.append((a, i))
+                a, acc = i, 0
+            acc += c
+        if costs:
+            todo.append((a, len(costs)))
+        todo.reverse()  # a stack: halves go back on top
         inflight: list[tuple[int, int, Any]] = []
+        waited: float | None = None
         try:
-            for a, b in zip(cuts, cuts[1:]):
-                waited = time.monotonic()
-                while True:
-                    try:
-                        inflight.append((a, b, submit(a, b)))
-                        break
-                    except BufferPoolExhausted:
-                        if inflight:
-                            finish(*inflight.pop(0))
-                        elif time.monotonic() - waited > ROOM_WAIT_S:
+            while todo:
+                a, b = todo.pop()
+                try:
+                    inflight.append((a, b, submit(a, b)))
+                    waited = None
+                except BufferPoolExhausted:
+                    if inflight:
+                        finish(*inflight.pop(0))
+                        todo.append((a, b))
+                    elif b - a > 1:
+                        m = (a + b) // 2
+                        todo += [(m, b), (a, m)]
+                    else:
+                        waited = waited or time.monotonic()
+                        if time.monotonic() - waited > ROOM_WAIT_S:
                             raise
-                        else:
-                            time.sleep(0.001)
+                        time.sleep(0.001)
+                        todo.append((a, b))
+                    continue
                 if len(inflight) == 2:
                     finish(*inflight.pop(0))
         finally:
@@ -390,7 +410,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         self.store.delete(sk)
 
         try:
-            self._batches([len(b) for b in bufs],
+            self._batches([0 if _in_place(b) else self.store.object_bytes(len(b)) for b in bufs],
                           lambda a, b: self.store.submit_get([sk for _, sk, _ in want[a:b]], bufs[a:b], in_place=True),
                           finish)
         except Exception:  # the chunks of the batches not read go back to LMCache's allocator, as misses

@@ -25,6 +25,7 @@ class Geometry:
     """A model's KV cache as LMCache's vLLM connector describes it (``kv_shape``)."""
 
     name: str
+    tag: str  # in benchmark keys
     layers: int
     kv_heads: int
     head_dim: int
@@ -34,8 +35,8 @@ class Geometry:
         return 2 * self.layers * tokens * self.kv_heads * self.head_dim * self.dtype.itemsize
 
 
-SMOLLM2 = Geometry("SmolLM2-135M-Instruct", 30, 3, 64)
-LLAMA3_8B = Geometry("Meta-Llama-3-8B-Instruct", 32, 8, 128)
+SMOLLM2 = Geometry("SmolLM2-135M-Instruct", "smollm2", 30, 3, 64)
+LLAMA3_8B = Geometry("Meta-Llama-3-8B-Instruct", "llama3_8b", 32, 8, 128)
 
 
 def metadata(geo: Geometry, chunk_size: int = 256, worker_id: int = 0, world_size: int = 1) -> LMCacheMetadata:
