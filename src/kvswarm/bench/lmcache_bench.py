@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         settle = Settle(list(tb.paths))
         try:
             for geo in (SMOLLM2, LLAMA3_8B):
-                n = max(BATCH // 4, budget // geo.chunk_bytes(CHUNK))
+                n = max(2, budget // geo.chunk_bytes(CHUNK))
                 console.print(f"[bold]{geo.name}: {n} chunks of {geo.chunk_bytes(CHUNK) / MiB:.2f} MiB[/bold]")
                 results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console)
             results["restart"] = measure_restart(SMOLLM2, n_restart, mounts, console)

@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 
 MODULE_PATH = "kvswarm.integrations.lmcache"
 CLASS_NAME = "KVSwarmLMCacheBackend"
+# Reads go in batches of one chunk per drive (chunks are placed round-robin), this many at once: a
+# batch's chunks are verified while the next batches are still being read.
+READS_IN_FLIGHT = 4
 ROOM_WAIT_S = 5.0  # how long a batch waits for buffer-pool room (other threads' leases) before it fails
 
 
@@ -327,17 +330,18 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                 ok[i] = False
 
     def _batches(self, costs: list[int], submit: Callable[[int, int], Any],
-                 finish: Callable[[int, int, Any], None]) -> None:
+                 finish: Callable[[int, int, Any], None], per_batch: int = 0, in_flight: int = 2) -> None:
         """Move objects ``[0, len(costs))`` as store batches, ``costs`` being each one's buffer-pool
-        bytes (0: read in place), at most half the pool a batch, two in flight: ``submit(a, b)`` gives
-        a handle, ``finish(a, b, handle)`` takes its outcome, in order.  A batch the pool has no room
-        for (other threads' leases) waits for this call's earlier batch, else is halved, else (one
-        object) waits up to ROOM_WAIT_S for room, else fails."""
+        bytes (0: read in place), at most half the pool and ``per_batch`` objects (0: any) a batch,
+        ``in_flight`` of them at once: ``submit(a, b)`` gives a handle, ``finish(a, b, handle)`` takes
+        its outcome, in order.  A batch the pool has no room for (other threads' leases) waits for
+        this call's earlier batch, else is halved, else (one object) waits up to ROOM_WAIT_S for room,
+        else fails."""
         cap = max(1, self.store.pool.capacity // 2)
         todo: list[tuple[int, int]] = []
         a, acc = 0, 0
         for i, c in enumerate(costs):
-            if i > a and acc + c > cap:
+            if i > a and (acc + c > cap or (per_batch and i - a >= per_batch)):
                 todo.append((a, i))
                 a, acc = i, 0
             acc += c
@@ -366,7 +370,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         time.sleep(0.001)
                         todo.append((a, b))
                     continue
-                if len(inflight) == 2:
+                if len(inflight) >= in_flight:
                     finish(*inflight.pop(0))
         finally:
             while inflight:
@@ -412,7 +416,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         try:
             self._batches([0 if _in_place(b) else self.store.object_bytes(len(b)) for b in bufs],
                           lambda a, b: self.store.submit_get([sk for _, sk, _ in want[a:b]], bufs[a:b], in_place=True),
-                          finish)
+                          finish, per_batch=len(self.store.drives), in_flight=READS_IN_FLIGHT)
         except Exception:  # the chunks of the batches not read go back to LMCache's allocator, as misses
             log.exception("kvswarm LMCache plugin: a read of %d chunks failed", len(want))
             for (_, _, obj), done in zip(want, settled):
