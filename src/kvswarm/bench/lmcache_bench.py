@@ -265,9 +265,10 @@ def measure_restart(geo, n: int, mounts: list[str], console) -> dict:
     for case in ("lmcache_disk", "kvswarm_4drives"):
         dirs = case_dirs(case, mounts, "restart")
         capacity = int(n * size * 1.25 / len(dirs)) + 64 * MiB
-        spec = {"case": case, "dirs": dirs, "n": n, "capacity": capacity, "cpu_bytes": 64 * BATCH * size + 64 * MiB}
+        # The restarted process reads BATCH chunks; the storing one holds all N in LMCache's allocator.
+        spec = {"case": case, "dirs": dirs, "n": n, "capacity": capacity, "cpu_bytes": 4 * BATCH * size + 64 * MiB}
         try:
-            b = Backend(case, geo, RESTART_CHUNK, dirs, spec["cpu_bytes"], capacity)
+            b = Backend(case, geo, RESTART_CHUNK, dirs, n * size + 256 * MiB, capacity)
             try:
                 t_store = b.store(b.keys(n, seed=99), data)
             finally:
