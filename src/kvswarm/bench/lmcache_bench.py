@@ -146,12 +146,13 @@ class Backend:
     def keys(self, n: int, seed: int) -> list:
         from kvswarm.integrations.lmcache.harness import chunk_keys, text_tokens
 
-        out: list = []
+        out: dict = {}  # distinct keys only: a repeated chunk is stored once, and reported once
         req = 0
         while len(out) < n:  # requests of BATCH chunks each, over real text
-            out += chunk_keys(self.config, self.meta, text_tokens(BATCH * self.meta.chunk_size, seed * 1000 + req))
+            for k in chunk_keys(self.config, self.meta, text_tokens(BATCH * self.meta.chunk_size, seed * 1000 + req)):
+                out.setdefault(k, None)
             req += 1
-        return out[:n]
+        return list(out)[:n]
 
     def store(self, keys: list, data: list[np.ndarray]) -> float:
         """Seconds until every chunk is reported stored (its completion callback)."""
