@@ -59,20 +59,21 @@ def test_bad_inputs_give_clear_errors(args, msg, capsys):
         rc = e.code
     assert rc == 2
     if msg:
-        assert msg in capsys.readouterr().out
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1  # one line on stderr
 
 
 def test_empty_trace_and_broken_catalog(tmp_path, capsys):
     empty = tmp_path / "t.jsonl"
     empty.write_text("")
     assert main(["--trace", str(empty)]) == 2
-    assert "is empty" in capsys.readouterr().out
+    assert "is empty" in capsys.readouterr().err
     cat = tmp_path / "c.toml"
     from kvswarm.planner.hardware import default_catalog_path
 
     cat.write_text(default_catalog_path().read_text().replace("read_gbps = 6.9 ", "", 1))
     assert main([*SMALL, "--catalog", str(cat)]) == 2
-    assert "[drives.pm9a3] is missing field(s) read_gbps" in capsys.readouterr().out
+    assert "[drives.pm9a3] is missing field(s) read_gbps" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tenants", ["1", "3"])
@@ -80,7 +81,7 @@ def test_trace_without_blocks_is_a_clear_error(tmp_path, capsys, tenants):
     zero = tmp_path / "zero.csv"
     zero.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,20\n")
     assert main(["--trace", str(zero), "--tenants", tenants]) == 2
-    assert "no request with a KV block" in capsys.readouterr().out
+    assert "no request with a KV block" in capsys.readouterr().err
 
 
 def test_scale_projection_finds_the_link_bound(tmp_path, capsys):

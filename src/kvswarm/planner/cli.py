@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvswarm.planner.report import console as make_console
+from kvswarm.planner.report import print_error
 
 DEFAULT_TRACE = "shared/traces/mooncake/conversation_trace.jsonl"
 
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _plan(args, console)
     except (ValueError, OSError) as e:  # CatalogError, WorkloadError and bad numbers are ValueErrors
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan", e)
         return 2
 
 

@@ -16,11 +16,10 @@ import math
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kvswarm.planner.report import console as make_console
-from kvswarm.planner.report import new_figure, save_figure, write_outputs
+from kvswarm.planner.report import new_figure, print_error, save_figure, write_outputs
 
 HELP = "project sparse-decode read throughput for 1-64 drives; find where the host link binds"
 SWARM_8_GBPS = 37.67  # Swarm, arXiv 2603.17803: 8 SSDs
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan scale", e)
         return 2
 
 

@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE, payload_checksum
 from kvswarm.planner.report import console as make_console
-from kvswarm.planner.report import new_figure, write_outputs
+from kvswarm.planner.report import new_figure, print_error, write_outputs
 from kvswarm.sim.devices import DriveSpec, LinkModel
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
@@ -284,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError, RuntimeError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan validate", e)
         return 2
 
 
