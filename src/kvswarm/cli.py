@@ -28,6 +28,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
     "sglang": ("kvswarm.bench.sglang_bench", "SGLang's file HiCache backend vs kvswarm's backend"),
+    "lmcache": ("kvswarm.bench.lmcache_bench", "LMCache's local disk back end vs kvswarm's storage plugin"),
     "faults": ("kvswarm.bench.faults_bench", "fault campaign: crashes, power cuts, corruption, ENOSPC, EIO, "
                "races and bad input; counts wrong bytes, lost objects, hangs and raw errors"),
 }

@@ -1178,6 +1178,12 @@ class KVStore:
     def __contains__(self, key: bytes) -> bool:
         return self.contains(key)
 
+    def length(self, key: bytes) -> int | None:
+        """Payload bytes of ``key``'s object (a catalog lookup, no I/O); None when it is not stored.
+        Lets a caller size the buffer a read lands in (``submit_get(into=...)``) before reading."""
+        e = self.catalog.get(key_digest(key))
+        return None if e is None else e.payload_len
+
     def __len__(self) -> int:
         return len(self.catalog)
 
