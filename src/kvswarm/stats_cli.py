@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from kvswarm.argtypes import check_drive_paths, non_negative_int
 from kvswarm.store import KVStore, StoreConfig
 
 
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("drives", nargs="+", help="the store's drive paths, in order")
     p.add_argument("--meta-dir", help="catalog directory (needed when every drive is a block device)")
     p.add_argument("--backend", choices=["threads", "uring"], default="threads")
-    p.add_argument("--scrub", type=int, default=None, metavar="N",
+    p.add_argument("--scrub", type=non_negative_int, default=None, metavar="N",
                    help="read and verify N random objects (0 = all) before printing")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--prometheus", action="store_true", help="print prometheus exposition text")
@@ -33,12 +34,11 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
     for col in ("drive", "kind", "health", "read ops", "read MB", "write ops", "write MB", "lat mean ms",
                 "lat p99 ms", "corrupt", "errors", "free GB") + (("read MB/s",) if seconds else ()):
         t.add_column(col, justify="right")
-    for d in store.drives:
-        s = d.stats.snapshot()
-        row = [s["drive"], d.kind, "ok" if d.healthy else "FAILED", str(s["read_ops"]),
+    for s in store.stats()["drives"]:
+        row = [s["drive"], s["kind"], "ok" if s["healthy"] else "FAILED", str(s["read_ops"]),
                f"{s['read_bytes'] / 1e6:.1f}", str(s["write_ops"]), f"{s['write_bytes'] / 1e6:.1f}",
                f"{s['read_lat_mean_s'] * 1e3:.2f}", f"{s['read_lat_p99_s'] * 1e3:.2f}", str(s["misses"]),
-               str(s["errors"]), f"{d.free_bytes / 1e9:.2f}"]
+               str(s["errors"]), f"{s['free_bytes'] / 1e9:.2f}"]
         if seconds:
             row.append(f"{s['read_bytes'] / 1e6 / seconds:.0f}")
         t.add_row(*row)
@@ -48,6 +48,7 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest
 
+    check_drive_paths(args.drives, args.meta_dir)
     # A follower: it writes nothing, so it is safe on a store that its engine is using right now.
     store = KVStore(StoreConfig(drives=args.drives, meta_dir=args.meta_dir, backend=args.backend, follow=True))
     try:
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(store.stats() | {"scrub": scrub, "reopen_seconds": store.reopen_seconds}, indent=1))
         else:
             c = Console()
-            c.print(f"{len(store)} objects on {len(store.drives)} drives; catalog opened in "
+            c.print(f"{len(store)} objects on {store.num_drives} drives; catalog opened in "
                     f"{store.reopen_seconds * 1e3:.0f} ms")
             c.print(drive_table(store, seconds))
             if scrub:

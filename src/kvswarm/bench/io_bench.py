@@ -39,14 +39,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvswarm.argtypes import comma_list, existing_dir, non_negative_int, positive_float, positive_int
 from kvswarm.bench import write_json
-from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
-from kvswarm.io.base import Op, uring_available
-from kvswarm.io.throttle import DriveCaps, DriveModel
+from kvswarm.io import Op, uring_available
+from kvswarm.io.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
+from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.store import KVStore, StoreConfig
+from kvswarm.testbed import UNCAPPED, Testbed, default_caps
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Per drive, for reads. One Python thread both processes results and refills the queues, so the
@@ -64,7 +66,10 @@ SIZE_NAMES = {4 * KiB: "4k", 16 * KiB: "16k", 64 * KiB: "64k", 1 * MiB: "1m"}
 def parse_size(s: str) -> int:
     s = s.strip().lower()
     mult = {"k": KiB, "m": MiB, "g": GiB}.get(s[-1:], 1)
-    n = int(float(s.rstrip("kmg")) * mult)
+    try:
+        n = int(float(s.rstrip("kmg")) * mult)
+    except (ValueError, OverflowError):  # not a number, or inf
+        raise argparse.ArgumentTypeError(f"object size {s!r} is not a size such as 4k, 64k or 1m") from None
     if n % 4096 or n <= 0:
         raise argparse.ArgumentTypeError(f"object size {s} must be a positive multiple of 4 KiB")
     return n
@@ -72,10 +77,21 @@ def parse_size(s: str) -> int:
 
 def parse_count(s: str) -> int:
     s = s.strip().lower()
-    n = int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    try:
+        n = int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"object count {s!r} is not a count such as 2k, 100k or 1m") from None
     if n <= 0:
-        raise ValueError(f"object count must be positive, got {s!r}")
+        raise argparse.ArgumentTypeError(f"object count must be positive, got {s!r}")
     return n
+
+
+def _backends(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in ("threads", "uring")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"backends are threads and/or uring, got {text!r}")
+    return names
 
 
 def count_name(n: int) -> str:
@@ -83,21 +99,28 @@ def count_name(n: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="4k,16k,64k,1m", help="object (extent) sizes, comma-separated")
-    p.add_argument("--data-mib", type=int, default=None,
+    p.add_argument("--sizes", type=comma_list(parse_size), default="4k,16k,64k,1m",
+                   help="object (extent) sizes, comma-separated multiples of 4 KiB (default %(default)s)")
+    p.add_argument("--data-mib", type=positive_int, default=None,
                    help="data set per size in MiB (default 1024 below 64 KiB, 3072 from 64 KiB; quick: 64)")
-    p.add_argument("--seconds", type=float, default=None,
+    p.add_argument("--seconds", type=positive_float, default=None,
                    help="seconds per timed sample (default 1.5, 3 on a testbed; quick 0.3)")
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--rounds", type=positive_int, default=None,
                    help="raw/store sample pairs per size and backend (default 5; quick 1)")
-    p.add_argument("--backends", default=None, help="store I/O backends (default: threads,uring where available)")
-    p.add_argument("--dirs", type=int, default=4, help="drive directories when not on a testbed")
-    p.add_argument("--dir", default=None, help="parent of the temp drive directories (default: system temp)")
-    p.add_argument("--drives", type=int, default=0, help="run on N emulated capped drives (kvswarm.testbed)")
-    p.add_argument("--cap-mbps", type=float, default=None, help="testbed per-drive MB/s cap (default: fit disk)")
-    p.add_argument("--cap-iops", type=float, default=None, help="testbed per-drive IOPS cap (default: fit disk)")
+    p.add_argument("--backends", type=_backends, default=None,
+                   help="store I/O backends, comma-separated (default: threads,uring where available)")
+    p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
+                   help="how many temp drive directories to use when not on a testbed (default %(default)s)")
+    p.add_argument("--dir", type=existing_dir, default=None,
+                   help="existing directory to make the temp drive directories in (default: system temp)")
+    p.add_argument("--drives", type=non_negative_int, default=0,
+                   help="run on N emulated capped drives (kvswarm.testbed)")
+    p.add_argument("--cap-mbps", type=positive_float, default=None,
+                   help="testbed per-drive MB/s cap (default: fit disk)")
+    p.add_argument("--cap-iops", type=positive_float, default=None,
+                   help="testbed per-drive IOPS cap (default: fit disk)")
     p.add_argument("--emulation", choices=["auto", "kernel", "user-space"], default="auto")
-    p.add_argument("--reopen", default=None,
+    p.add_argument("--reopen", type=comma_list(parse_count, allow_empty=True), default=None,
                    help="object counts for the reopen test, e.g. 100k,1m ('' to skip; default 100k,1m)")
     p.add_argument("--reopen-via", choices=["store", "catalog"], default=None,
                    help="build the reopen stores through the store's put path (default) or the catalog only "
@@ -160,57 +183,43 @@ class SizeRun:
 
 
 class Drives:
-    """Where the bench runs: plain temp directories, or a testbed's capped drives."""
+    """Where the bench runs (a :class:`kvswarm.testbed.Testbed`): capped drives with ``--drives N``,
+    else ``--dirs`` uncapped directories on the local disk."""
 
     def __init__(self, args: argparse.Namespace, drive_bytes: int) -> None:
-        self.testbed = None
-        self.tmp: str | None = None
         if args.drives:
-            from kvswarm.testbed import Testbed, default_caps
-
             d = default_caps(args.drives)
             mbps, iops = args.cap_mbps or d.read_mbps, args.cap_iops or d.read_iops
             caps = DriveCaps(read_mbps=mbps, write_mbps=mbps, read_iops=iops, write_iops=iops)
-            self.testbed = Testbed(args.drives, drive_bytes=drive_bytes, caps=caps, mode=args.emulation,
-                                   root=args.dir).start()
-            self.paths = list(self.testbed.paths)
-            self.meta_dir = self.testbed.meta_dir
-            self.models: list[DriveModel] | None = self.testbed.models
-            self.describe = self.testbed.describe()
-            self.info = self.testbed.info()
+            self.testbed = Testbed(args.drives, drive_bytes=drive_bytes, caps=caps, mode=args.emulation, root=args.dir)
         else:
-            self.tmp = tempfile.mkdtemp(prefix="kvswarm-bench-io-", dir=args.dir)
-            self.paths = [os.path.join(self.tmp, f"drive{i}") for i in range(args.dirs)]
-            for p in self.paths:
-                os.makedirs(p)
-            self.meta_dir = os.path.join(self.tmp, "meta")
-            self.models = None
-            self.describe = (f"no emulation: {args.dirs} directories on the local disk ({self.tmp}), "
-                             f"one preallocated O_DIRECT data file each, no caps")
-            self.info = {"emulation": "none", "drives": args.dirs, "paths": self.paths}
+            self.testbed = Testbed(args.dirs, drive_bytes=drive_bytes, mode=UNCAPPED, root=args.dir)
+        self.testbed.start()
+        self.capped = self.testbed.emulation != UNCAPPED
+        self.paths = list(self.testbed.paths)
+        self.meta_dir = self.testbed.meta_dir
+        self.models: list[DrivePacer] | None = self.testbed.models
+        self.describe = self.testbed.describe()
+        self.info = self.testbed.info()
         self.capacity = drive_bytes
 
     @property
     def store_queue_depth(self) -> int:
         """Reads in flight per drive for the store: capped drives each have their own queue."""
-        return STORE_QUEUE_DEPTH if self.testbed else max(16, SHARED_DISK_DEPTH // len(self.paths))
+        return STORE_QUEUE_DEPTH if self.capped else max(16, SHARED_DISK_DEPTH // len(self.paths))
 
     def open_store(self, backend: str, queue_depth: int) -> KVStore:
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
                           backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
-                          checkpoint_every=10**9, single_thread_io=True)
-        store = KVStore(cfg)
-        return self.testbed.throttle(store) if self.testbed else store
+                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine)
+        return KVStore(cfg)
 
     def raw_fds(self, write: bool = False) -> list[int]:
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT
         return [os.open(p if not os.path.isdir(p) else os.path.join(p, DATA_FILE), flags) for p in self.paths]
 
     def close(self) -> None:
-        if self.testbed:
-            self.testbed.stop()
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.testbed.stop()
 
 
 # ---- the store's side -------------------------------------------------------------------------
@@ -340,12 +349,12 @@ def _store_shape(size: int, depth: int, batch_bytes: int = 4 * MiB) -> tuple[int
 
 def bench(args: argparse.Namespace, console) -> dict:
     quick = args.quick
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = args.sizes
     # Capped drives get longer samples: blk-throttle lets ~0.1 s worth of budget through at once.
     seconds = args.seconds or (0.3 if quick else 3.0 if args.drives else 1.5)
     rounds = args.rounds or (1 if quick else 5)
     use_uring = uring_available()
-    backends = (args.backends.split(",") if args.backends else ["threads"] + (["uring"] if use_uring else []))
+    backends = args.backends or ["threads"] + (["uring"] if use_uring else [])
     rng = random.Random(args.seed)
 
     def data_bytes(size: int) -> int:
@@ -353,8 +362,6 @@ def bench(args: argparse.Namespace, console) -> dict:
             return args.data_mib * MiB
         full = 64 * MiB if quick else (1 * GiB if size < 64 * KiB else 3 * GiB)
         if args.drives:  # capped drives: about 10 s of the caps' aggregate write rate
-            from kvswarm.testbed import default_caps
-
             d = default_caps(args.drives)
             per_drive = min((args.cap_mbps or d.write_mbps) * 1e6, (args.cap_iops or d.write_iops) * size)
             full = min(full, max(16 * MiB, int(10 * args.drives * per_drive)) // MiB * MiB)
@@ -366,7 +373,7 @@ def bench(args: argparse.Namespace, console) -> dict:
     drive_bytes = (need * 11 // 10 + raw_write_region + 64 * MiB) // MiB * MiB
     drives = Drives(args, drive_bytes)
     console.print(f"[bold]drives[/]: {drives.describe}")
-    if drives.testbed and not quick:
+    if drives.capped and not quick:
         with console.status("checking the testbed's caps"):
             drives.info["cap_check"] = [vars(c) | {"ratio": c.ratio} for c in drives.testbed.verify(1.5)]
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
@@ -393,8 +400,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                 run.raw_write = _from_raw(max(ws, key=lambda r: r.gbps))
                 with console.status(f"writing {n} x {_fmt_size(size)} objects through the store"):
                     run.store_write = store_write(store, run.keys, payload, rng)
-                entries = store.catalog.entries
-                run.ios = [entries[key_digest(k)].extents[0][:2] for k in run.keys]
+                run.ios = [(e.extents[0].drive, e.extents[0].offset) for e in store.locate(run.keys)]
                 runs.append(run)
         finally:
             for fd in wfds:
@@ -688,9 +694,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    # Parse before the long run, so a bad count fails at once.
-    counts = [parse_count(c) for c in (args.reopen if args.reopen is not None else "100k,1m").split(",")
-              if c.strip()]
+    counts = args.reopen if args.reopen is not None else [100_000, 1_000_000]
     results = bench(args, console)
     via = args.reopen_via or ("catalog" if args.quick else "store")
     results["reopen_via"] = ("4 KiB objects written through KVStore.submit_put" if via == "store" else

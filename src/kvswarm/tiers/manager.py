@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.buffers import BufferPoolExhausted
-from kvswarm.errors import DriveFull, FlushError, KVSwarmError
+from kvswarm.errors import ConfigError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
+from kvswarm.prefix.keys import KEY_BYTES
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
@@ -225,6 +226,14 @@ class Prefetch:
                          self._tiers[:usable], pins, results, self.located, late, rejected)
 
 
+def _check_keys(keys: Sequence[bytes]) -> None:
+    """Block keys are KEY_BYTES bytes (a block's header holds the key whole): any other is refused, as it
+    would be stored under a key its header cannot carry and never be found again below DRAM."""
+    for k in keys:
+        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
+            raise ConfigError(f"a block key is {KEY_BYTES} bytes, not {k!r}")
+
+
 def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
     """Drive completions until ``h`` is done or ``deadline`` passes; True when done."""
     if deadline == math.inf:
@@ -233,7 +242,7 @@ def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
         rem = deadline - now()
         if rem <= 0:
             return False
-        store.engine.poll(min(rem, 0.05))
+        store.poll(min(rem, 0.05))
     return True
 
 
@@ -270,16 +279,16 @@ class TierManager:
         self._orphans: list[GetHandle] = []
         # Pins and reads of prefetches dropped unconsumed, to let go at the next prefetch (see Prefetch.__del__)
         self._dropped: deque[tuple[list[Slot], list[GetHandle]]] = deque()
-        self._healthy = {t: sum(d.healthy for d in s.drives) for t, s in self.stores.items()}
+        self._healthy = {t: sum(s.drive_health()) for t, s in self.stores.items()}
         for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
-            entries = sorted(s.catalog.entries.items(), key=lambda kv: kv[1].generation)
-            self._execute(self.director.restore(t, [d for d, _ in entries]), {})
+            self._execute(self.director.restore(t, [d for d, _ in s.entries_oldest_first()]), {})
         self.reopen_seconds = now() - t0
 
     # ---- the request path ------------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
+        _check_keys(keys)
         while self._dropped:
             self._abandon(*self._dropped.popleft())
         self._reap(wait=False)
@@ -298,6 +307,13 @@ class TierManager:
 
     def insert(self, keys: Sequence[bytes], payloads: Sequence[object]) -> None:
         """Blocks computed for a request enter DRAM, and the pools as the write policy says."""
+        _check_keys(keys)
+        if len(keys) != len(payloads):
+            raise ConfigError(f"{len(keys)} keys for {len(payloads)} payloads")
+        bb = self.config.block_bytes
+        for k, p in zip(keys, payloads):
+            if (n := memoryview(p).nbytes) != bb:
+                raise ConfigError(f"the payload of block {k.hex()} is {n} B; this manager's blocks are {bb} B")
         self._check_health()
         acts: list[Action] = []
         bufs: dict[bytes, object] = {}
@@ -309,6 +325,7 @@ class TierManager:
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
+        _check_keys(keys)
         acts: list[Action] = []
         for k in keys:
             acts += self.director.evict(key_digest(k), tier)
@@ -332,6 +349,8 @@ class TierManager:
                 s.flush()
             except FlushError as e:
                 log.error("%s pool: %s", t.name, e)
+                for dg in e.dropped:  # not durable: the store deleted them
+                    self._lost_in_pool(dg, t)
                 failed = True
         if failed:
             self._check_health()
@@ -587,18 +606,22 @@ class TierManager:
         """Blocks demoted into ``tier`` are written: once durable there, their copies above go.  One that
         the flush does not make durable (on a drive that failed, or the catalog's sync failed) stays above."""
         store = self.stores[tier]
+        lost = False
         try:
             store.flush()
-        except FlushError as e:  # the other drives and the catalog are synced
+        except FlushError as e:  # the other drives and the catalog are synced; the store deleted the rest
             log.error("%s pool: %s", tier.name, e)
+            lost = True
+            for dg in set(e.dropped) - set(ds):  # blocks written there before: not durable either
+                self._lost_in_pool(dg, tier)
         except (KVSwarmError, OSError) as e:  # the catalog: none of them is durable yet
             log.error("%s pool: flush failed: %s", tier.name, e)
             for d in ds:
                 self._stay(tier, d, None)
             return
-        dead = {x.index for x in store.drives if not x.healthy}
-        for d in ds:
-            if dead and (e := store.catalog.entries.get(d)) is not None and any(x[0] in dead for x in e.extents):
+        dead = store.failed_drives()
+        for d, e in zip(ds, store.locate_digests(ds) if dead or lost else [None] * len(ds)):
+            if lost and e is None or e is not None and any(x.drive in dead for x in e.extents):
                 self._stay(tier, d, None)
             else:
                 self._moved(tier, d)
@@ -613,7 +636,7 @@ class TierManager:
         src = self._moving[tier].pop(digest, None)
         if src is not None:
             if digest in self.director.tiers[src] or self._pending[src][digest] \
-                    or digest not in self.stores[src].catalog:
+                    or digest not in self.stores[src].digest_view():
                 return  # taken back meanwhile, or gone with a failed drive
             back = src
         elif slot is not None and slot.dropped and digest not in self.dram and self.director.locate(digest) is None:
@@ -644,14 +667,14 @@ class TierManager:
     def _check_health(self) -> None:
         """After a drive failure: forget its blocks and shrink the pool's capacity."""
         for t, s in self.stores.items():
-            healthy = sum(d.healthy for d in s.drives)
+            healthy = sum(s.drive_health())
             if healthy == self._healthy[t]:
                 continue
             self._healthy[t] = healthy
             self._reap(t)
             for dg in s.unreadable_digests():
                 self._lost_in_pool(dg, t)  # its puts were reaped above: dropped at once
-            log.warning("%s pool: %d of %d drives healthy", t.name, healthy, len(s.drives))
+            log.warning("%s pool: %d of %d drives healthy", t.name, healthy, s.num_drives)
             self._execute(self.director.resize(t, block_capacity(s, self.config.block_bytes)), {})
 
     # ---- reporting -------------------------------------------------------------------------
