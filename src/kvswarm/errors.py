@@ -33,3 +33,8 @@ class CorruptExtent(KVSwarmError):
 
 class LayoutMismatch(KVSwarmError, ValueError):
     """Stored KV was written for another model or KV layout; it must never be served."""
+
+
+class ClusterError(KVSwarmError):
+    """The cluster level is misconfigured, or this node could not join the cluster (its master,
+    metadata service or Transfer Engine).  Once joined, cluster failures are misses, never errors."""

@@ -12,6 +12,12 @@ One request's life::
 Block identities inside the tiers are the store's key digests (``format.key_digest``),
 so the state can be rebuilt from the pools' catalogs after a restart; a block's key
 travels in its payload header (:mod:`kvswarm.prefix.block`) for moves between pools.
+With a cluster level (``TierConfig.cluster``), a node looks up DRAM, then its SSD pool, then the
+cluster's pool, then its capacity pool, then recomputes; blocks it computes are published as the
+publication policy says, and blocks fetched from the cluster enter DRAM (and the SSD pool, as the
+write policy says) like any other hit.  :meth:`TierManager.maintain` re-publishes the node's durable
+blocks when the cluster's master has lost them (it restarted).
+
 Any block that cannot be read back intact - missing, corrupt, on a failed drive, of
 another namespace or size - is a miss (counted), and its tier forgets it.  A block moving
 down whose write there fails, or is not made durable, stays where it was (counted
@@ -24,17 +30,20 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.buffers import BufferPoolExhausted
+from kvswarm.cluster.config import ClusterConfig
+from kvswarm.cluster.pool import ClusterPool
+from kvswarm.cluster.publication import make_publication
 from kvswarm.errors import DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
-from kvswarm.tiers.director import Action, Copy, Tier, TierDirector
+from kvswarm.tiers.director import TIERS, Action, Copy, Tier, TierDirector
 from kvswarm.tiers.dram import DramTier, Slot
 from kvswarm.tiers.pools import PoolConfig, block_capacity
 from kvswarm.tiers.prefetch import PrefetchPolicy
@@ -56,6 +65,7 @@ class TierConfig:
     demotion: str | DemotionPolicy | None = None  # default: always demote when there is a capacity pool
     prefetch: PrefetchPolicy = field(default_factory=PrefetchPolicy)
     chunk_blocks: int = 8  # blocks per read batch: the granularity at which a late prefix is cut
+    cluster: ClusterConfig | None = None  # the pool shared with other nodes (Mooncake Store)
 
 
 class PrefixHit:
@@ -134,7 +144,7 @@ class Prefetch:
                 while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
                     j += 1
                 try:
-                    self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+                    self._chunks.append((i, j, t, mgr._submit_get(t, digests[i:j])))
                 except BufferPoolExhausted:  # the pool's read buffers are full: the rest is recomputed
                     mgr.counters["buffer_exhausted"] += 1
                     n = i
@@ -185,7 +195,7 @@ class Prefetch:
         try:
             for i, j, t, h in self._chunks:
                 taken += 1
-                if i >= usable or not _wait(h, mgr.stores[t], deadline):
+                if i >= usable or not _wait(h, mgr._progress(t), deadline):
                     if i < usable:
                         late = usable - i
                         usable = i
@@ -225,15 +235,15 @@ class Prefetch:
                          self._tiers[:usable], pins, results, self.located, late, rejected)
 
 
-def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
-    """Drive completions until ``h`` is done or ``deadline`` passes; True when done."""
+def _wait(h, progress: Callable[[float], object], deadline: float) -> bool:
+    """Drive completions (``progress(timeout)``) until ``h`` is done or ``deadline`` passes; True when done."""
     if deadline == math.inf:
         return True
     while not h.poll():
         rem = deadline - now()
         if rem <= 0:
             return False
-        store.engine.poll(min(rem, 0.05))
+        progress(min(rem, 0.05))
     return True
 
 
@@ -242,10 +252,12 @@ class TierManager:
 
     ``stores`` may supply already-open pools (tests, testbeds); otherwise they are
     opened from ``config.ssd`` / ``config.capacity``.  Opening existing pools restores
-    every flushed block (see :attr:`reopen_seconds`).
+    every flushed block (see :attr:`reopen_seconds`).  ``cluster`` may supply an already-joined
+    cluster pool; otherwise one joins ``config.cluster`` (and re-publishes the durable blocks).
     """
 
-    def __init__(self, config: TierConfig, stores: dict[Tier, KVStore] | None = None) -> None:
+    def __init__(self, config: TierConfig, stores: dict[Tier, KVStore] | None = None,
+                 cluster: ClusterPool | None = None) -> None:
         t0 = now()
         self.config = config
         self.stores: dict[Tier, KVStore] = dict(stores or {})
@@ -275,6 +287,13 @@ class TierManager:
             entries = sorted(s.catalog.entries.items(), key=lambda kv: kv[1].generation)
             self._execute(self.director.restore(t, [d for d, _ in entries]), {})
         self.reopen_seconds = now() - t0
+        if cluster is None and config.cluster is not None:
+            cluster = ClusterPool(config.cluster)
+        self.cluster = cluster
+        self.publication = make_publication(cluster.config.publish if cluster else "none")
+        # Durable blocks still to re-publish to the cluster (all of them after a start: the cluster may
+        # have lost this node's blocks while it was down).
+        self._republish: list[bytes] = self._durable_digests() if cluster else []
 
     # ---- the request path ------------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
@@ -286,6 +305,9 @@ class TierManager:
         self._check_health()
         digests = [key_digest(k) for k in keys]
         tiers = self.director.lookup(digests)
+        if self.cluster is not None:
+            self.maintain()
+            tiers = self._with_cluster(digests, tiers)
         for t in POOL_TIERS:  # a block is readable once its put completed
             pending = self._pending[t]
             if pending and any(p == t and pending[d] for d, p in zip(digests, tiers)):
@@ -306,6 +328,101 @@ class TierManager:
             bufs[d] = p
             acts += self.director.admit(d, None)
         self._execute(acts, bufs)
+        if self.cluster is not None:
+            pub = [(d, p) for d, p in bufs.items() if self.publication.publish(self.director.info(d).sightings)]
+            if pub:
+                self.cluster.submit_publish([d for d, _ in pub], [p for _, p in pub])
+
+    # ---- the cluster level -----------------------------------------------------------------
+    def _with_cluster(self, digests: list[bytes], tiers: list[Tier]) -> list[Tier]:
+        """The node's own tiers for ``digests`` (its longest local prefix), with the cluster serving the
+        blocks that its capacity pool holds or that no local tier holds (a contiguous prefix again)."""
+        ask = [i for i, t in enumerate(tiers) if t == Tier.CAPACITY] + list(range(len(tiers), len(digests)))
+        if not ask:
+            return tiers
+        held = dict(zip(ask, self.cluster.contains([digests[i] for i in ask])))
+        out: list[Tier] = []
+        for i in range(len(digests)):
+            t = tiers[i] if i < len(tiers) else None
+            if t in (Tier.DRAM, Tier.SSD):
+                out.append(t)
+            elif held.get(i):
+                out.append(Tier.CLUSTER)
+            elif t is not None:
+                out.append(t)
+            else:
+                break
+        return out
+
+    def _submit_get(self, tier: Tier, digests: Sequence[bytes]):
+        if tier == Tier.CLUSTER:
+            return self.cluster.submit_fetch(digests, self.config.block_bytes)
+        return self.stores[tier].submit_get_digests(digests)
+
+    def _progress(self, tier: Tier) -> Callable[[float], object]:
+        return self.cluster.progress if tier == Tier.CLUSTER else self.stores[tier].engine.poll
+
+    def _durable_digests(self) -> list[bytes]:
+        seen: dict[bytes, None] = {}
+        for t in POOL_TIERS:
+            if t in self.stores:
+                seen.update(dict.fromkeys(self.director.tiers[t]))
+        return list(seen)
+
+    def maintain(self, budget: int | None = None) -> int:
+        """Cluster upkeep (each prefetch calls it): once the master no longer indexes this node's
+        blocks (it restarted, or took this node for dead), re-publish the node's durable blocks, up
+        to ``budget`` (default ``republish_batch``) per call so that requests never wait for all of
+        them.  Returns how many blocks this call re-published."""
+        if self.cluster is None:
+            return 0
+        if not self._republish and self.cluster.index_lost():
+            self._republish = self._durable_digests()
+        if not self._republish:
+            return 0
+        n = budget or self.cluster.config.republish_batch
+        batch, self._republish = self._republish[:n], self._republish[n:]
+        done = self._publish_from_pools(batch)
+        if not self._republish:
+            self.cluster.mark_indexed()
+        return done
+
+    def republish(self) -> int:
+        """Re-publish every durable block now and wait until the cluster has them; how many it took."""
+        if self.cluster is None:
+            return 0
+        self._republish = self._durable_digests()
+        done = 0
+        while self._republish:
+            done += self.maintain(self.cluster.config.republish_batch)
+        self.cluster.drain()
+        return done
+
+    def _publish_from_pools(self, digests: list[bytes]) -> int:
+        """Read ``digests`` back from the pools (verified) and publish them; how many were published."""
+        self._reap()  # a block being written is only readable once its put completed
+        by_tier: dict[Tier, list[bytes]] = {}
+        for d in digests:
+            t = self.director.locate(d)
+            if t in self.stores:
+                by_tier.setdefault(t, []).append(d)
+        sent = 0
+        for t, ds in by_tier.items():
+            try:
+                r = self.stores[t].submit_get_digests(ds).wait()
+            except BufferPoolExhausted:
+                self._republish += ds  # tried again at the next step
+                continue
+            try:
+                ok = [(d, v) for d, v in zip(ds, r.views)
+                      if v is not None and (k := block_key(v)) is not None and key_digest(k) == d]
+                if ok:
+                    self.cluster.submit_publish([d for d, _ in ok], [v for _, v in ok])
+                    sent += len(ok)
+            finally:
+                r.release()
+        self.cluster.counters["republished_blocks"] += sent
+        return sent
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
@@ -335,8 +452,13 @@ class TierManager:
                 failed = True
         if failed:
             self._check_health()
+        if self.cluster is not None:
+            self.cluster.drain(self.cluster.config.rpc_timeout_s * 4)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
         if not self.stores:
             return
         self.flush()
@@ -459,7 +581,10 @@ class TierManager:
     def _lost_in_pool(self, digest: bytes, tier: Tier) -> None:
         """A pool block read back missing, corrupt or not the block asked for: the director forgets
         it, and its store drops it (else its extents stay taken, counted by nobody, until the key is
-        written again; a restart would count it again, and fail it again)."""
+        written again; a restart would count it again, and fail it again).  The cluster's blocks are
+        not the director's: one that fails is a miss, counted by the cluster pool."""
+        if tier == Tier.CLUSTER:
+            return
         self.director.lost(digest, tier)
         if self._pending[tier][digest]:
             self._doomed[tier].add(digest)  # a newer write is in flight: dropped once it completes
@@ -663,10 +788,10 @@ class TierManager:
             "hit_rate": {t.name.lower(): c[f"hit_{t.name.lower()}"] / blocks for t in Tier}
             | {"total": sum(c[f"hit_{t.name.lower()}"] for t in Tier) / blocks},
             "director": dict(self.director.counters),
-            "resident": {t.name.lower(): self.director.resident(t) for t in Tier},
-            "capacity_blocks": {t.name.lower(): self.director.capacity(t) for t in Tier},
+            "resident": {t.name.lower(): self.director.resident(t) for t in TIERS},
+            "capacity_blocks": {t.name.lower(): self.director.capacity(t) for t in TIERS},
             "pools": {t.name.lower(): s.stats() for t, s in self.stores.items()},
-        }
+        } | ({"cluster": self.cluster.stats()} if self.cluster is not None else {})
 
 
 class _Refused:
