@@ -91,6 +91,26 @@ class NodeServer:
         self.tm.cluster.drain(10)
         return {"republished": total}
 
+    def tamper(self, seed: int, i: int, master: str, bit: int = 1000) -> dict:
+        """Overwrite block ``i``'s cluster object with its frame with one bit flipped, as a corrupting
+        link or a bad DIMM would leave it; with a bare Mooncake client, in a process of its own."""
+        import os
+
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+        from kvswarm.cluster import wire
+        from kvswarm.format import key_digest
+
+        os.environ["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
+        mc = MooncakeDistributedStore()
+        assert mc.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", master) == 0
+        d = key_digest(key(seed, i))
+        frame = wire.pack(d, payload(seed, i))
+        frame[wire.FRAME_BYTES + bit // 8] ^= 1 << (bit % 8)
+        rc = mc.upsert(f"kvs:{d.hex()}", frame, ReplicateConfig())
+        mc.close()
+        return {"rc": rc}
+
     def stats(self) -> dict:
         return self.tm.stats()["cluster"] | {"healthy": self.tm.cluster.healthy()}
 

@@ -378,6 +378,8 @@ class TierManager:
             return 0
         if not self._republish and self.cluster.index_lost():
             self._republish = self._durable_digests()
+            if not self._republish:
+                self.cluster.mark_indexed()
         if not self._republish:
             return 0
         n = budget or self.cluster.config.republish_batch
@@ -396,6 +398,7 @@ class TierManager:
         while self._republish:
             done += self.maintain(self.cluster.config.republish_batch)
         self.cluster.drain()
+        self.cluster.mark_indexed()
         return done
 
     def _publish_from_pools(self, digests: list[bytes]) -> int:
@@ -403,8 +406,8 @@ class TierManager:
         self._reap()  # a block being written is only readable once its put completed
         by_tier: dict[Tier, list[bytes]] = {}
         for d in digests:
-            t = self.director.locate(d)
-            if t in self.stores:
+            t = next((t for t in POOL_TIERS if t in self.stores and d in self.director.tiers[t]), None)
+            if t is not None:
                 by_tier.setdefault(t, []).append(d)
         sent = 0
         for t, ds in by_tier.items():
