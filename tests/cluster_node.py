@@ -57,8 +57,8 @@ class NodeServer:
         self.tm = TierManager(TierConfig(block_bytes=BLOCK, dram_bytes=dram_bytes,
                                          ssd=PoolConfig(drives, capacity_per_drive=64 << 20),
                                          prefetch=PrefetchPolicy("wait_complete")), cluster=pool)
-        republished = self.tm.republish()
-        return {"republished": republished, "open_s": time.monotonic() - t0}
+        self.tm.republish()
+        return {"republished": self.tm.cluster.counters["republished_blocks"], "open_s": time.monotonic() - t0}
 
     def put(self, seed: int, n: int, start: int = 0) -> dict:
         idx = range(start, start + n)
@@ -82,14 +82,12 @@ class NodeServer:
 
     def maintain(self, seconds: float) -> dict:
         """Run the node's upkeep (as its request loop would) for up to ``seconds``."""
-        deadline, total = time.monotonic() + seconds, 0
+        c = self.tm.cluster.counters
+        deadline, before = time.monotonic() + seconds, c["republished_blocks"]
         while time.monotonic() < deadline:
-            n = self.tm.maintain()
-            total += n
-            if not n:
+            if not self.tm.maintain():
                 time.sleep(0.1)
-        self.tm.cluster.drain(10)
-        return {"republished": total}
+        return {"republished": c["republished_blocks"] - before}
 
     def tamper(self, seed: int, i: int, master: str, bit: int = 1000) -> dict:
         """Overwrite block ``i``'s cluster object with its frame with one bit flipped, as a corrupting

@@ -2,8 +2,9 @@
 
 Everything binds to the address given (127.0.0.1 by default).  ``etcd`` starts the master with
 ``--enable_ha`` against those endpoints; several such masters elect one leader.  ``wrap`` is a
-command prefix the process runs under (e.g. ``ip netns exec NAME``); a wrapped process is not
-waited for here (its port is in another namespace): its clients retry joining.
+command prefix the process runs under (e.g. ``ip netns exec NAME``).  A wrapped master (its port is
+in another namespace) or an HA one (a standby listens only once elected) is not waited for here:
+its clients retry joining.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class MasterProcess:
         if etcd:
             self.args += ["--enable_ha=true", f"--etcd_endpoints={etcd}"]
         self.args = [*(wrap or []), *self.args, *(extra or [])]
-        self.wrapped = bool(wrap)
+        self.wait = not wrap and not etcd  # a standby master listens only once elected
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
 
@@ -79,7 +80,7 @@ class MasterProcess:
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
-        if not self.wrapped:
+        if self.wait:
             wait_port(self.host, self.port, timeout, self.proc)
         return self
 

@@ -294,6 +294,7 @@ class TierManager:
         # Durable blocks still to re-publish to the cluster (all of them after a start: the cluster may
         # have lost this node's blocks while it was down).
         self._republish: list[bytes] = self._durable_digests() if cluster else []
+        self._republishing: list[tuple[object, int]] = []  # publications of the re-publication under way
 
     # ---- the request path ------------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
@@ -371,9 +372,11 @@ class TierManager:
 
     def maintain(self, budget: int | None = None) -> int:
         """Cluster upkeep (each prefetch calls it): once the master no longer indexes this node's
-        blocks (it restarted, or took this node for dead), re-publish the node's durable blocks, up
-        to ``budget`` (default ``republish_batch``) per call so that requests never wait for all of
-        them.  Returns how many blocks this call re-published."""
+        blocks (it restarted, failed over, or took this node for dead), re-publish the node's durable
+        blocks, reading up to ``budget`` (default ``republish_batch``) per call so that requests never
+        wait for all of them.  When the last batch is out, it waits (bounded) for the publications:
+        only if all landed does the node mark itself indexed; else the next check starts over.
+        Returns how many blocks this call handed to the cluster."""
         if self.cluster is None:
             return 0
         if not self._republish and self.cluster.index_lost():
@@ -384,25 +387,43 @@ class TierManager:
             return 0
         n = budget or self.cluster.config.republish_batch
         batch, self._republish = self._republish[:n], self._republish[n:]
-        done = self._publish_from_pools(batch)
+        sent = self._publish_from_pools(batch)
         if not self._republish:
+            self._finish_republish()
+        return sent
+
+    def _finish_republish(self) -> None:
+        handles, self._republishing = self._republishing, []
+        deadline = now() + 4 * self.cluster.config.rpc_timeout_s + len(handles) * 0.05
+        sent = landed = 0
+        for h, n in handles:
+            sent += n
+            try:
+                landed += h.wait(max(0.0, deadline - now()))
+            except TimeoutError:  # still running: not counted, and the node is not marked indexed
+                pass
+        self.cluster.counters["republished_blocks"] += landed
+        if landed == sent:
             self.cluster.mark_indexed()
-        return done
+        else:
+            log.warning("cluster: %d of %d re-published blocks landed; trying again at the next check",
+                        landed, sent)
 
     def republish(self) -> int:
-        """Re-publish every durable block now and wait until the cluster has them; how many it took."""
+        """Re-publish every durable block now and wait (bounded) until they have landed; how many were
+        handed to the cluster (``cluster.counters["republished_blocks"]`` counts those that landed)."""
         if self.cluster is None:
             return 0
         self._republish = self._durable_digests()
         done = 0
+        if not self._republish:
+            self.cluster.mark_indexed()
         while self._republish:
             done += self.maintain(self.cluster.config.republish_batch)
-        self.cluster.drain()
-        self.cluster.mark_indexed()
         return done
 
     def _publish_from_pools(self, digests: list[bytes]) -> int:
-        """Read ``digests`` back from the pools (verified) and publish them; how many were published."""
+        """Read ``digests`` back from the pools (verified) and publish them; how many were handed over."""
         self._reap()  # a block being written is only readable once its put completed
         by_tier: dict[Tier, list[bytes]] = {}
         for d in digests:
@@ -420,11 +441,11 @@ class TierManager:
                 ok = [(d, v) for d, v in zip(ds, r.views)
                       if v is not None and (k := block_key(v)) is not None and key_digest(k) == d]
                 if ok:
-                    self.cluster.submit_publish([d for d, _ in ok], [v for _, v in ok])
+                    h = self.cluster.submit_publish([d for d, _ in ok], [v for _, v in ok])
+                    self._republishing.append((h, len(ok)))
                     sent += len(ok)
             finally:
                 r.release()
-        self.cluster.counters["republished_blocks"] += sent
         return sent
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
