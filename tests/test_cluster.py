@@ -3,13 +3,16 @@ process, inside network namespaces the tests make (loopback only)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from cluster_net import Cluster, ip, veth
+from cluster_net import Cluster, ip, node_env, veth
 
 
 @pytest.fixture
@@ -176,3 +179,25 @@ def test_master_failover_through_etcd(cluster, tmp_path):
             break
     got = b.call("get", seed=13, n=20, timeout=60)
     assert got == {"served": 20, "tiers": {"ssd": 10, "cluster": 10}, "wrong": 0}
+
+
+def test_cli_cluster_up_and_status(cluster, tmp_path):
+    ns = cluster.netns()
+    cli = [*ns.wrap(), sys.executable, "-m", "kvswarm.cli", "cluster"]
+    up = subprocess.Popen([*cli, "up", "--port", "50051"], stdout=subprocess.PIPE, text=True, env=node_env(),
+                          start_new_session=True)
+    try:
+        assert up.stdout.readline().startswith("master on 127.0.0.1:50051")
+        join = json.loads(up.stdout.readline().split(":", 1)[1])
+        a = cluster.node(ns, "a")
+        a.call("open", drives=drives(tmp_path, "a"), cluster=CFG | join)
+        a.call("put", seed=17, n=12)
+        st = subprocess.run([*cli, "status", "--json"], capture_output=True, text=True, env=node_env(), timeout=60)
+        s = json.loads(st.stdout)
+        assert s["objects"] >= 12 and len(s["nodes"]) == 1
+        assert s["allocated_bytes"] >= 12 * (64 << 10)
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(30)
+    bad = subprocess.run([*cli, "status"], capture_output=True, text=True, env=node_env(), timeout=60)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

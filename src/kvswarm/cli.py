@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("kvswarm.stats_cli", "print a store's per-drive metrics (table, JSON or prometheus text)"),
     "trace": ("kvswarm.traces", "record activation traces of the real model decoding real texts"),
     "plan": ("kvswarm.planner.cli", "project performance and cost; recommend a DRAM/SSD/HDD mix"),
+    "cluster": ("kvswarm.cluster.cli", "a Mooncake master for a one-machine cluster (up), what a master holds (status)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "io": ("kvswarm.bench.io_bench", "raw O_DIRECT ceiling vs the store's batched get/put"),
@@ -20,6 +21,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
     "sglang": ("kvswarm.bench.sglang_bench", "SGLang's file HiCache backend vs kvswarm's backend"),
+    "cluster": ("kvswarm.bench.cluster_bench", "across nodes on Mooncake Store: TTFT, fetch, offload, restart"),
 }
 
 

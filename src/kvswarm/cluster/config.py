@@ -21,8 +21,10 @@ class ClusterConfig:
       directly; no service to run) or ``etcd://host:port``.
     * ``protocol``: ``tcp`` (any network) or ``rdma`` (``rdma_devices`` names the NICs, e.g. ``mlx5_0``).
     * ``local_hostname``: the address this node's Transfer Engine listens on and advertises.
-    * ``segment_bytes``: the DRAM this node lends to the cluster's pool; ``buffer_bytes``: its
-      staging buffer for transfers.
+    * ``segment_bytes``: the DRAM this node lends to the cluster's pool (0: it only reads and
+      publishes into the others'); ``buffer_bytes``: Mooncake's staging buffer for transfers;
+      ``fetch_buffer_bytes``: registered memory that fetched blocks land in (a request's fetches in
+      flight must fit, else they fall back to a slower copying path).
     * ``replicas``: copies of each published block, on distinct nodes where there are enough.
     * ``publish``: the publication policy (:mod:`kvswarm.cluster.publication`).
     * ``prefix``: names this deployment's objects (``<prefix>:<key digest hex>``).
@@ -39,6 +41,7 @@ class ClusterConfig:
     local_hostname: str = "127.0.0.1"
     segment_bytes: int = 256 * MiB
     buffer_bytes: int = 64 * MiB
+    fetch_buffer_bytes: int = 256 * MiB
     replicas: int = 1
     publish: str = "all"
     prefix: str = "kvs"
@@ -51,8 +54,8 @@ class ClusterConfig:
             raise ClusterError(f"cluster protocol {self.protocol!r}: one of {', '.join(PROTOCOLS)}")
         if self.replicas < 1:
             raise ClusterError("cluster replicas must be >= 1")
-        if self.segment_bytes < 0 or self.buffer_bytes <= 0:
-            raise ClusterError("cluster segment_bytes must be >= 0 and buffer_bytes > 0")
+        if self.segment_bytes < 0 or self.buffer_bytes <= 0 or self.fetch_buffer_bytes <= 0:
+            raise ClusterError("cluster segment_bytes must be >= 0, buffer_bytes and fetch_buffer_bytes > 0")
         if not self.master or not self.metadata:
             raise ClusterError("cluster master and metadata must be set")
         if self.rpc_timeout_s <= 0 or self.check_interval_s <= 0 or self.republish_batch < 1:

@@ -128,7 +128,7 @@ class ClusterPool:
     """This node's handle on the cluster pool (see the module doc).  Raises :class:`ClusterError`
     only when it cannot join (no Mooncake installed, master unreachable at start, bad config)."""
 
-    def __init__(self, config: ClusterConfig, threads: int = 2, arena_bytes: int = 64 << 20) -> None:
+    def __init__(self, config: ClusterConfig, threads: int = 2) -> None:
         self.config = config
         try:
             from mooncake.store import MooncakeDistributedStore, ReplicateConfig
@@ -145,8 +145,8 @@ class ClusterPool:
                                f"{config.protocol}): Mooncake setup returned {rc}")
         # Fetches land in registered memory: Mooncake then copies once, outside the GIL (into fresh
         # bytes objects, get_batch moves ~10x fewer GB/s).
-        self._arena = _Arena(arena_bytes)
-        if self._mc.register_buffer(self._arena.ptr, arena_bytes) != 0:
+        self._arena = _Arena(config.fetch_buffer_bytes)
+        if self._mc.register_buffer(self._arena.ptr, config.fetch_buffer_bytes) != 0:
             self._mc.close()
             raise ClusterError("could not register the cluster fetch buffer with the Transfer Engine")
         self._replicate = ReplicateConfig()
