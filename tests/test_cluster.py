@@ -183,7 +183,7 @@ def test_master_failover_through_etcd(cluster, tmp_path):
 
 def test_cli_cluster_up_and_status(cluster, tmp_path):
     ns = cluster.netns()
-    cli = [*ns.wrap(), sys.executable, "-m", "kvswarm.cli", "cluster"]
+    cli = [*ns.wrap(), sys.executable, "-m", "kvswarm.cluster.cli"]  # what `kvswarm cluster` runs
     up = subprocess.Popen([*cli, "up", "--port", "50051"], stdout=subprocess.PIPE, text=True, env=node_env(),
                           start_new_session=True)
     try:

@@ -92,3 +92,9 @@ def run(args: argparse.Namespace) -> int:
     except ClusterError as e:
         print(f"kvswarm cluster: {e}", file=sys.stderr)
         return 2
+
+
+if __name__ == "__main__":  # `python -m kvswarm.cluster.cli`: the same, without loading the other subcommands
+    parser = argparse.ArgumentParser(prog="kvswarm cluster", description=__doc__)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -374,8 +374,9 @@ class TierManager:
         """Cluster upkeep (each prefetch calls it): once the master no longer indexes this node's
         blocks (it restarted, failed over, or took this node for dead), re-publish the node's durable
         blocks, reading up to ``budget`` (default ``republish_batch``) per call so that requests never
-        wait for all of them.  When the last batch is out, it waits (bounded) for the publications:
-        only if all landed does the node mark itself indexed; else the next check starts over.
+        wait for all of them.  When the last batch is out, it waits (bounded) for the publications and
+        marks the node indexed if all landed or the master still answers (one without room for all of
+        them keeps the rest out); a master lost meanwhile means the next check starts over.
         Returns how many blocks this call handed to the cluster."""
         if self.cluster is None:
             return 0
@@ -403,11 +404,15 @@ class TierManager:
             except TimeoutError:  # still running: not counted, and the node is not marked indexed
                 pass
         self.cluster.counters["republished_blocks"] += landed
-        if landed == sent:
+        if landed == sent or self.cluster.healthy():
+            # A master that answers and refused some has no room for them: they stay on this node's
+            # drives (served here) until they are published again.
+            if landed < sent:
+                log.info("cluster: %d of %d re-published blocks fit in the cluster", landed, sent)
             self.cluster.mark_indexed()
         else:
-            log.warning("cluster: %d of %d re-published blocks landed; trying again at the next check",
-                        landed, sent)
+            log.warning("cluster: %d of %d re-published blocks landed and the master is gone; trying "
+                        "again at the next check", landed, sent)
 
     def republish(self) -> int:
         """Re-publish every durable block now and wait (bounded) until they have landed; how many were
