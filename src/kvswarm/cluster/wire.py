@@ -7,7 +7,8 @@ value is a 40-byte frame header followed by the payload::
 
 The checksum is xxh3-64 of the payload seeded with the key digest, so a payload stored
 under another key fails it too.  :func:`unpack` checks magic, version, digest, length and
-checksum before it returns the payload: a flipped bit anywhere is a miss, never KV.
+checksum before it returns the payload (version 1 defines no flags: they must be 0): a flipped
+bit anywhere is a miss, never KV.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def unpack(digest: bytes, value) -> memoryview | None:
     """The payload of ``value`` when it is an intact frame of ``digest``, else None."""
     if len(value) < FRAME_BYTES:
         return None
-    magic, version, _flags, dg, n, check = _HDR.unpack_from(value)
-    if magic != MAGIC or version != VERSION or dg != digest or len(value) != FRAME_BYTES + n:
+    magic, version, flags, dg, n, check = _HDR.unpack_from(value)
+    if magic != MAGIC or version != VERSION or flags or dg != digest or len(value) != FRAME_BYTES + n:
         return None
     payload = memoryview(value)[FRAME_BYTES:]
     return payload if _checksum(digest, payload) == check else None
