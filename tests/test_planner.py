@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvswarm.planner.catalog import CatalogError, default_catalog_path, load_catalog, parse_catalog, tomllib
+from kvswarm.planner.hardware import CatalogError, default_catalog_path, load_catalog, parse_catalog, tomllib
 from kvswarm.planner.cost import Mix, enumerate_mixes
 from kvswarm.planner.hits import HDD, MISS, SSD, DirectorHits, LRUHits, TierCaps, _prefix_cut, stack_distances
 from kvswarm.planner.models import PRESETS, resolve_model

@@ -68,7 +68,7 @@ def test_empty_trace_and_broken_catalog(tmp_path, capsys):
     assert main(["--trace", str(empty)]) == 2
     assert "is empty" in capsys.readouterr().out
     cat = tmp_path / "c.toml"
-    from kvswarm.planner.catalog import default_catalog_path
+    from kvswarm.planner.hardware import default_catalog_path
 
     cat.write_text(default_catalog_path().read_text().replace("read_gbps = 6.9 ", "", 1))
     assert main([*SMALL, "--catalog", str(cat)]) == 2

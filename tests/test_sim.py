@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvswarm.format import HEADER_SIZE, key_digest
-from kvswarm.sim import DriveModel, LinkModel, Request, SimStore, SystemModel, measure, pcie_link, replay
+from kvswarm.sim import DriveSpec, LinkModel, Request, SimStore, SystemModel, measure, pcie_link, replay
 from kvswarm.store import KVStore, StoreConfig
 
 MiB = 1 << 20
-SSD = DriveModel("ssd", 2e9, 1e9, 100_000, 50_000, 100e-6, 20e-6, queue_depth=32)
-HDD = DriveModel("hdd", 200e6, 200e6, 200, 400, 12e-3, 12e-3, queue_depth=16, kind="hdd")
+SSD = DriveSpec("ssd", 2e9, 1e9, 100_000, 50_000, 100e-6, 20e-6, queue_depth=32)
+HDD = DriveSpec("hdd", 200e6, 200e6, 200, 400, 12e-3, 12e-3, queue_depth=16, kind="hdd")
 
 
 def _store(drives, **kw) -> SimStore:
@@ -26,9 +26,9 @@ def _keys(n: int, prefix: str = "k") -> list[bytes]:
 
 def test_models_reject_bad_numbers():
     with pytest.raises(ValueError, match="read_bw"):
-        DriveModel("x", -1, 1, 1, 1, 0, 0)
+        DriveSpec("x", -1, 1, 1, 1, 0, 0)
     with pytest.raises(ValueError, match="kind"):
-        DriveModel("x", 1, 1, 1, 1, 0, 0, kind="tape")
+        DriveSpec("x", 1, 1, 1, 1, 0, 0, kind="tape")
     with pytest.raises(ValueError, match="bandwidth"):
         LinkModel("l", 0)
     with pytest.raises(ValueError, match="generation"):
@@ -106,7 +106,7 @@ def test_coalesced_matches_per_extent_for_deep_ssd_queues():
 
 def test_paced_drive_follows_the_throttle_slices():
     """blk-throttle: each 100 ms window's budget is granted at its start; an idle group starts afresh."""
-    d = DriveModel("thr", 100e6, 100e6, 1e6, 1e6, 0.0, 0.0, queue_depth=64, paced=True, slice_s=0.1)
+    d = DriveSpec("thr", 100e6, 100e6, 1e6, 1e6, 0.0, 0.0, queue_depth=64, paced=True, slice_s=0.1)
     s = _store([d], engine_depth=64)
     keys = _keys(35)
     s.preload([(k, MiB - HEADER_SIZE) for k in keys])  # one 1 MiB extent each: 9 fit in a 10 MB window
@@ -117,7 +117,7 @@ def test_paced_drive_follows_the_throttle_slices():
     r = replay(s, [Request("get", tuple(keys[:4]))])
     assert r["elapsed_s"] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="slice_s"):
-        DriveModel("x", 1, 1, 1, 1, 0, 0, paced=True, slice_s=0)
+        DriveSpec("x", 1, 1, 1, 1, 0, 0, paced=True, slice_s=0)
 
 
 def test_chunked_engine_runs_a_chunks_ops_in_turn():

@@ -465,7 +465,7 @@ def test_bad_drive_paths(tmp_path):
 
 
 def test_auto_backend_is_uring_where_available():
-    from kvswarm.io.base import uring_available
+    from kvswarm.io import uring_available
 
     eng = make_engine("auto")
     try:

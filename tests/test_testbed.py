@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvswarm.io.base import Op
-from kvswarm.io.throttle import DriveCaps, DriveModel
+from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.testbed import BLKIO, KERNEL, PREFIX, USERSPACE, Testbed, cleanup_stale, default_caps, kernel_support
 
 MiB = 1 << 20
@@ -43,13 +43,13 @@ def test_default_caps_fit_under_the_disk():
 
 
 def test_drive_model_paces_bandwidth_iops_and_latency():
-    m = DriveModel(DriveCaps(read_mbps=100, read_iops=1000, write_mbps=50, latency_ms=5))
+    m = DrivePacer(DriveCaps(read_mbps=100, read_iops=1000, write_mbps=50, latency_ms=5))
     # 1 MB at 100 MB/s costs 10 ms of drive time; back-to-back requests queue behind each other.
     dues = [m.schedule(Op.READ, 1_000_000, 0.0) for _ in range(10)]
     assert dues[0] == pytest.approx(0.005)  # the latency, no queue yet
     assert dues[-1] == pytest.approx(0.09)
     # 4 KiB is IOPS-bound: 1 ms each.
-    m2 = DriveModel(DriveCaps(read_iops=1000))
+    m2 = DrivePacer(DriveCaps(read_iops=1000))
     assert [m2.schedule(Op.READ, 4096, 0.0) for _ in range(3)] == pytest.approx([0.0, 0.001, 0.002])
     # Reads and writes have separate budgets (as the kernel throttle's files do); idle time is not banked.
     assert m.schedule(Op.WRITE, 1_000_000, 0.0) == pytest.approx(0.005)

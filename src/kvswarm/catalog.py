@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -53,7 +54,15 @@ OP_PUT, OP_DEL = 1, 2
 CKPT_DTYPE = np.dtype([("digest", "S16"), ("generation", "<u8"), ("payload_len", "<u4"), ("part", "<u2"),
                        ("parts", "<u2"), ("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
 
-Extent = tuple[int, int, int, int]  # drive, offset, length on disk, payload checksum
+
+class Extent(NamedTuple):
+    """One piece of an object on a drive."""
+
+    drive: int
+    offset: int  # bytes from the start of the drive
+    length: int  # bytes on disk: header, payload, padding to 4 KiB
+    csum: int  # the payload's checksum (see kvswarm.format.PAYLOAD_CHECKSUM)
+
 
 # The in-memory table: one row per object, its first (usually only) extent inline.  Rows
 # in numpy instead of an object per entry: a large catalog stays a few compact arrays, so
@@ -204,7 +213,8 @@ class Catalog:
                     "payload_len": [e.payload_len for e in entries], "parts": [len(e.extents) for e in entries]}
             cols.update(zip(("drive", "offset", "length", "csum"), zip(*[e.extents[0] for e in entries])))
             self._set_columns(np.array(rows, np.int64), cols,
-                              {r: e.extents for r, e in zip(rows, entries) if len(e.extents) > 1})
+                              {r: tuple(map(Extent._make, e.extents)) for r, e in zip(rows, entries)
+                               if len(e.extents) > 1})
 
     def _set_columns(self, idx: np.ndarray, cols: dict, multi: dict[int, tuple[Extent, ...]]) -> None:
         """Fill rows ``idx`` column by column; ``multi``: row -> extents of the multi-extent ones."""
@@ -218,7 +228,7 @@ class Catalog:
 
     def _entry(self, row: int) -> Entry:
         _, gen, off, csum, plen, ln, drv, parts = self._rows[row].item()
-        return Entry(gen, plen, self._multi[row] if parts > 1 else ((drv, off, ln, csum),))
+        return Entry(gen, plen, self._multi[row] if parts > 1 else (Extent(drv, off, ln, csum),))
 
     def _drop(self, row: int) -> None:
         self._rows["parts"][row] = 0
@@ -356,8 +366,9 @@ class Catalog:
         self._rows, self._used = t, n
         for i in np.flatnonzero(first["parts"] > 1).tolist():
             s, k = int(starts[i]), int(first["parts"][i])
-            self._multi[i] = tuple(zip(arr["drive"][s:s + k].tolist(), arr["offset"][s:s + k].tolist(),
-                                       arr["length"][s:s + k].tolist(), arr["csum"][s:s + k].tolist()))
+            self._multi[i] = tuple(map(Extent._make, zip(
+                arr["drive"][s:s + k].tolist(), arr["offset"][s:s + k].tolist(), arr["length"][s:s + k].tolist(),
+                arr["csum"][s:s + k].tolist())))
         self._index.update(zip(t["digest"][:n].tolist(), range(n)))
 
     def _replay(self, data: bytes, pos: int) -> int:
@@ -404,7 +415,7 @@ class Catalog:
             new = [d for d in digests if d not in index]
             index.update(zip(new, self._new_rows(len(new))))
             rows = np.array([index[d] for d in digests], np.int64)
-            multi = {int(rows[j]): tuple(_EXT.unpack_from(data, int(at[j]) + p * _EXT.size)
+            multi = {int(rows[j]): tuple(Extent._make(_EXT.unpack_from(data, int(at[j]) + p * _EXT.size))
                                          for p in range(int(recs["parts"][j])))
                      for j in np.flatnonzero(recs["parts"] > 1).tolist()}
             self._set_columns(rows, {"digest": recs["digest"], "generation": recs["generation"],
@@ -560,7 +571,7 @@ class Catalog:
         exts: list[Extent] = []
         sizes: list[int] = []  # payload bytes per extent: full extents up to the object's length
         for i, (r, k, plen) in enumerate(zip(held, parts.tolist(), rows["payload_len"].tolist())):
-            ext = multi.get(r) if k > 1 else (tuple(rows[["drive", "offset", "length", "csum"]][i].item()),)
+            ext = multi.get(r) if k > 1 else (Extent._make(rows[["drive", "offset", "length", "csum"]][i].item()),)
             if ext is None or len(ext) != k:  # rewritten since this row was read: a miss, never part of it
                 continue
             keep.append(i)
@@ -568,7 +579,7 @@ class Catalog:
                 obj.append(len(keep) - 1)
                 part.append(p)
                 exts.append(x)
-                sizes.append(min(plen, x[2] - HEADER_SIZE))
+                sizes.append(min(plen, x.length - HEADER_SIZE))
                 plen -= sizes[-1]
         if len(keep) < n:
             found, rows, parts = [found[i] for i in keep], rows[keep], parts[keep]

@@ -33,12 +33,11 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
     for col in ("drive", "kind", "health", "read ops", "read MB", "write ops", "write MB", "lat mean ms",
                 "lat p99 ms", "corrupt", "errors", "free GB") + (("read MB/s",) if seconds else ()):
         t.add_column(col, justify="right")
-    for d in store.drives:
-        s = d.stats.snapshot()
-        row = [s["drive"], d.kind, "ok" if d.healthy else "FAILED", str(s["read_ops"]),
+    for s in store.stats()["drives"]:
+        row = [s["drive"], s["kind"], "ok" if s["healthy"] else "FAILED", str(s["read_ops"]),
                f"{s['read_bytes'] / 1e6:.1f}", str(s["write_ops"]), f"{s['write_bytes'] / 1e6:.1f}",
                f"{s['read_lat_mean_s'] * 1e3:.2f}", f"{s['read_lat_p99_s'] * 1e3:.2f}", str(s["misses"]),
-               str(s["errors"]), f"{d.free_bytes / 1e9:.2f}"]
+               str(s["errors"]), f"{s['free_bytes'] / 1e9:.2f}"]
         if seconds:
             row.append(f"{s['read_bytes'] / 1e6 / seconds:.0f}")
         t.add_row(*row)
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(store.stats() | {"scrub": scrub, "reopen_seconds": store.reopen_seconds}, indent=1))
         else:
             c = Console()
-            c.print(f"{len(store)} objects on {len(store.drives)} drives; catalog opened in "
+            c.print(f"{len(store)} objects on {store.num_drives} drives; catalog opened in "
                     f"{store.reopen_seconds * 1e3:.0f} ms")
             c.print(drive_table(store, seconds))
             if scrub:

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,7 +76,7 @@ class StoreConfig:
     drives: list[str]
     meta_dir: str | None = None  # catalog + manifest; default: the first drive that is a directory
     capacity_per_drive: int = 1 * GiB  # size of the data file created in a directory drive
-    backend: str = "threads"  # "threads", "uring" or "auto" (see kvswarm.io.base.make_engine)
+    backend: str = "threads"  # "threads", "uring" or "auto" (see kvswarm.io.make_engine)
     queue_depth: int = 32  # per drive
     stripe_unit: int = 1 << 20  # largest extent on disk; bigger objects are split and striped
     placement: str | PlacementStrategy = "round_robin"
@@ -91,6 +91,9 @@ class StoreConfig:
     # Read another process's store (its one writer keeps it): nothing is written, not even the
     # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
     follow: bool = False
+    # Wraps the I/O engine before any drive is attached, e.g. a testbed's user-space drive pacing
+    # (kvswarm.io.throttle.ThrottledEngine): the store's code path stays the production one.
+    wrap_engine: Callable[[IOEngine], IOEngine] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.drives:
@@ -425,6 +428,8 @@ class KVStore:
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
             self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
+            if config.wrap_engine is not None:
+                self.engine = config.wrap_engine(self.engine)
             for d in self.drives:
                 self.engine.attach(d.index, d.fd, d.stats)
             self.placement = make_placement(config.placement)
@@ -592,7 +597,7 @@ class KVStore:
                     off = allocs[drv].alloc(ext_len)
                     if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
                         drv, off = self._alloc(drv, ext_len)
-                    exts.append((drv, off, ext_len, csum))
+                    exts.append(Extent(drv, off, ext_len, csum))
                     reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
                     pos += ext_len
                 staged.append((digest, Entry(gen, n, tuple(exts)), parts))
@@ -1149,3 +1154,100 @@ class KVStore:
     def digests(self) -> Iterable[bytes]:
         return list(self.catalog.digests())
 
+    # ---- views for the layers above: what tiers, integrations, offload, swarm, sim and the
+    # benchmarks need of the drives, the catalog, the engine and the buffer pool, read here
+    # rather than through those parts -------------------------------------------------------
+    @property
+    def num_drives(self) -> int:
+        """Drives the store was opened with, in service or not (their indexes: ``range(num_drives)``)."""
+        return len(self.drives)
+
+    def drive_health(self) -> tuple[bool, ...]:
+        """Per drive, whether it is in service.  A drive taken out of service stays out while the
+        store is open, so ``sum(drive_health())`` only falls: a caller that remembers it learns
+        that a drive failed since it last looked."""
+        return tuple(d.healthy for d in self.drives)
+
+    def failed_drives(self) -> frozenset[int]:
+        """Indexes of the drives out of service."""
+        return frozenset(d.index for d in self.drives if not d.healthy)
+
+    def locate(self, keys: Sequence[bytes]) -> list[Entry | None]:
+        """Per key, its catalog entry (generation, payload length, extents on the drives), or None
+        when the store does not hold it."""
+        get = self.catalog.get
+        return [get(key_digest(k)) for k in keys]
+
+    def locate_digests(self, digests: Sequence[bytes]) -> list[Entry | None]:
+        """:meth:`locate` by key digests (a restart recovers digests, not keys)."""
+        get = self.catalog.get
+        return [get(d) for d in digests]
+
+    def entries_oldest_first(self) -> list[tuple[bytes, Entry]]:
+        """``(digest, entry)`` of every object, the oldest write first: the order in which a warm
+        restart replays recency."""
+        return sorted(self.catalog, key=lambda de: de[1].generation)
+
+    def digest_view(self) -> KeysView[bytes]:
+        """The digests of the objects held, as a live view: ``in`` is one dict probe, with no copy
+        (a lookup path's test; :meth:`digests` is a snapshot)."""
+        return self.catalog.digests()
+
+    @property
+    def generation(self) -> int:
+        """The generation the next write gets: objects of smaller ones were written before now."""
+        return self.catalog.next_generation
+
+    def written_before(self, generation: int) -> Iterator[bytes]:
+        """Digests of the objects written before ``generation``, lazily (see
+        :meth:`kvswarm.catalog.Catalog.written_before`): check one with :meth:`locate_digests`
+        before acting on it."""
+        return self.catalog.written_before(generation)
+
+    def capacity_objects(self, length: int) -> int:
+        """Objects of ``length`` payload bytes the drives in service hold when empty: whole objects
+        per drive while an object is one extent (extents of one size never fragment), else the
+        drives' space over the object's."""
+        per = self.object_bytes(length)
+        healthy = [d for d in self.drives if d.healthy]
+        if length <= self.config.stripe_unit - HEADER_SIZE:
+            return sum((d.capacity - d.data_start) // per for d in healthy)
+        return sum(d.capacity - d.data_start for d in healthy) // per
+
+    def poll(self, timeout: float | None = 0.0) -> None:
+        """Reap I/O completions, waiting up to ``timeout`` seconds for one (None: until one comes):
+        a caller with many handles in flight reaps once, then asks each handle's ``done`` (no
+        system call) rather than ``poll`` per handle."""
+        self.engine.poll(timeout)
+
+    def warm_buffers(self) -> bool:
+        """Fault the buffer pool's memory in now rather than in the first reads and writes (see
+        :meth:`kvswarm.buffers.BufferPool.populate`); False where the kernel cannot do it ahead."""
+        return self.pool.populate()
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Size of the buffer pool: what reads and writes in flight lease together at most."""
+        return self.pool.capacity
+
+    def room(self) -> int:
+        """Bytes of the largest lease the buffer pool grants now (one free run of it)."""
+        return self.pool.largest_free
+
+    def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
+        """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,
+        all ``n``) the next batch should hold: what one lease of the buffer pool holds now, capped
+        at ``max_bytes`` worth but at least one.  0 when not even one object fits now: the caller
+        waits for a batch of its own in flight, or submits one object, which may raise
+        :class:`~kvswarm.buffers.BufferPoolExhausted`.  A lease is one run of the pool, so the
+        room is the largest free run, not the free bytes (batches released out of order leave
+        runs each too short)."""
+        if object_bytes <= 0:
+            return n
+        room = self.pool.largest_free
+        if room < object_bytes:
+            return 0
+        fit = room // object_bytes
+        if max_bytes is not None:
+            fit = min(fit, max(1, max_bytes // object_bytes))
+        return min(n, fit)

@@ -11,6 +11,9 @@ directory, and a per-drive model (bandwidth, IOPS, latency; see
 :mod:`kvswarm.io.throttle`) paces the I/O of stores opened through
 :meth:`Testbed.open_store` and of raw baselines that pass :attr:`Testbed.models`.
 
+``mode="none"`` gives the same N drives as plain directories with no caps at all: a
+benchmark's uncapped run on the local disk, with the same setup and cleanup.
+
 Either way ``with Testbed(...) as tb:`` always cleans up (loop devices detached,
 group removed, files deleted), on exceptions, Ctrl-C and SIGTERM too; leftovers of
 a process killed with SIGKILL are removed by the next testbed (:func:`cleanup_stale`).
@@ -41,21 +44,23 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kvswarm.io.base import Op
-from kvswarm.io.throttle import DriveCaps, DriveModel, ThrottledEngine
+from kvswarm.io.base import IOEngine, Op
+from kvswarm.io.raw import run_threads
+from kvswarm.io.throttle import DriveCaps, DrivePacer, ThrottledEngine
 
 log = logging.getLogger(__name__)
 
 BLKIO = "/sys/fs/cgroup/blkio"
 PREFIX = "kvswarm-testbed-"
-KERNEL, USERSPACE = "kernel", "user-space"
+KERNEL, USERSPACE, UNCAPPED = "kernel", "user-space", "none"
 GiB = 1 << 30
 
 # What this machine's one disk sustains (measured: ~1.1-1.5 GB/s, ~60-86k IOPS at 4 KiB);
 # default caps keep the drives' sum under ~80% of it so each drive's cap is what binds.
 DISK_MBPS, DISK_IOPS = 1000.0, 50_000.0
 
-__all__ = ["DriveCaps", "Testbed", "cleanup_stale", "default_caps", "kernel_support", "KERNEL", "USERSPACE"]
+__all__ = ["DriveCaps", "Testbed", "cleanup_stale", "default_caps", "kernel_support", "KERNEL", "UNCAPPED",
+           "USERSPACE"]
 
 
 def default_caps(drives: int, disk_mbps: float = DISK_MBPS, disk_iops: float = DISK_IOPS,
@@ -149,11 +154,12 @@ class CapCheck:
 
 
 class Testbed:
-    """N capped drives: loop devices + blkio (kernel) or directories + a drive model (user space).
+    """N drives for a run: capped loop devices + blkio (kernel), directories + a drive model (user
+    space), or plain directories with no caps (``mode="none"``).
 
     ``paths`` are the drive paths to give a store, ``meta_dir`` a directory for its
     catalog (loop devices hold no file system), ``models`` the per-drive models in
-    user-space mode (None in kernel mode, where the kernel does the capping).
+    user-space mode (None otherwise: in kernel mode the kernel does the capping).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -165,11 +171,11 @@ class Testbed:
             raise ValueError("a testbed needs at least one drive")
         if drive_bytes % 4096 or drive_bytes < 1 << 20:
             raise ValueError("drive_bytes must be a multiple of 4 KiB and at least 1 MiB")
-        if mode not in ("auto", KERNEL, USERSPACE):
-            raise ValueError(f"mode must be 'auto', {KERNEL!r} or {USERSPACE!r}")
+        if mode not in ("auto", KERNEL, USERSPACE, UNCAPPED):
+            raise ValueError(f"mode must be 'auto', {KERNEL!r}, {USERSPACE!r} or {UNCAPPED!r}")
         self.n = drives
         self.drive_bytes = drive_bytes
-        self.caps = caps or default_caps(drives)
+        self.caps = DriveCaps() if mode == UNCAPPED else caps or default_caps(drives)
         self.requested_mode = mode
         self.parent = root or tempfile.gettempdir()
         self.preallocate = preallocate
@@ -179,7 +185,7 @@ class Testbed:
         self.root = ""
         self.paths: list[str] = []
         self.devices: list[str] = []  # MAJ:MIN per drive (kernel mode)
-        self.models: list[DriveModel] | None = None
+        self.models: list[DrivePacer] | None = None
         self.group: str | None = None
         self._home_group: str | None = None
         self._old_sigterm: object = None
@@ -205,7 +211,9 @@ class Testbed:
             # SIGTERM would skip cleanup; turn it into SystemExit so ``with`` unwinds.
             self._old_sigterm = signal.signal(signal.SIGTERM, _sigterm_to_exit)
         try:
-            if self.requested_mode == USERSPACE or reason:
+            if self.requested_mode == UNCAPPED:
+                self._start_directories(UNCAPPED)
+            elif self.requested_mode == USERSPACE or reason:
                 self.fallback_reason = reason if self.requested_mode != USERSPACE else "requested"
                 self._start_userspace()
             else:
@@ -255,12 +263,15 @@ class Testbed:
             self.join()
 
     def _start_userspace(self) -> None:
-        self.emulation = USERSPACE
+        self._start_directories(USERSPACE)
+        self.models = [DrivePacer(self.caps) for _ in range(self.n)]
+
+    def _start_directories(self, emulation: str) -> None:
+        self.emulation = emulation
         for i in range(self.n):
             d = os.path.join(self.root, f"drive{i}")
             os.makedirs(d)
             self.paths.append(d)
-        self.models = [DriveModel(self.caps) for _ in range(self.n)]
 
     def join(self, pid: int | None = None) -> None:
         """Move a process (default: this one, all its threads) into the throttled group."""
@@ -318,6 +329,8 @@ class Testbed:
 
     # ---- use -------------------------------------------------------------------------
     def describe(self) -> str:
+        if self.emulation == UNCAPPED:
+            return f"no emulation: {self.n} directories on the local disk ({self.root}), no caps"
         if self.emulation == KERNEL:
             how = (f"kernel emulation: {self.n} loop devices (direct I/O) over preallocated files in {self.root}, "
                    f"each capped by cgroup v1 blkio throttle ({self.group})")
@@ -335,24 +348,27 @@ class Testbed:
                          "write_iops": c.write_iops, "latency_ms": c.latency_ms}}
 
     def store_config(self, **kw):
-        """A StoreConfig over these drives (capacity: the whole drive, catalog in ``meta_dir``)."""
+        """A StoreConfig over these drives (capacity: the whole drive, catalog in ``meta_dir``; in
+        user-space mode, I/O paced by the drive models: ``wrap_engine``)."""
         from kvswarm.store import StoreConfig
 
         kw.setdefault("meta_dir", self.meta_dir)
         kw.setdefault("capacity_per_drive", self.drive_bytes)
+        kw.setdefault("wrap_engine", self.wrap_engine)
         return StoreConfig(drives=list(self.paths), **kw)
 
     def open_store(self, **kw):
-        """A KVStore on these drives; in user-space mode its engine is paced by the drive models."""
+        """A KVStore on these drives (see :meth:`store_config`)."""
         from kvswarm.store import KVStore
 
-        return self.throttle(KVStore(self.store_config(**kw)))
+        return KVStore(self.store_config(**kw))
 
-    def throttle(self, store):
-        """Apply the user-space drive models to ``store`` (a no-op in kernel mode)."""
-        if self.models is not None and not isinstance(store.engine, ThrottledEngine):
-            store.engine = ThrottledEngine(store.engine, dict(enumerate(self.models)))
-        return store
+    def wrap_engine(self, engine: IOEngine) -> IOEngine:
+        """``engine`` paced by the user-space drive models; itself in kernel mode, where the kernel
+        paces every I/O.  For ``StoreConfig.wrap_engine`` (and ``PoolConfig.wrap_engine``)."""
+        if self.models is None:
+            return engine
+        return ThrottledEngine(engine, dict(enumerate(self.models)))
 
     def raw_path(self, i: int) -> str:
         """The file or device holding drive ``i``'s bytes (for raw baselines); dirs get a scratch file."""
@@ -370,11 +386,9 @@ class Testbed:
         """
         import random
 
-        from kvswarm.bench.raw import run_threads
-
         path = self.raw_path(drive)
         span = min(span, self.drive_bytes) // (1 << 20) * (1 << 20)
-        if self.emulation == USERSPACE:
+        if self.emulation != KERNEL:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
             os.posix_fallocate(fd, 0, span)
         else:
@@ -398,7 +412,7 @@ class Testbed:
                     checks.append(CapCheck(f"{name} {'1 MiB' if size > 4096 else '4 KiB'}", cap, got, unit))
         finally:
             os.close(fd)
-            if self.emulation == USERSPACE:
+            if self.emulation != KERNEL:
                 os.unlink(path)
         return checks
 

@@ -27,7 +27,7 @@ from kvswarm.integrations.vllm.harness import (
     offloading_spec,
 )
 from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE, auto_queue_depth
-from kvswarm.io.base import uring_available
+from kvswarm.io import uring_available
 from kvswarm.layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", tokens_per_block=32,

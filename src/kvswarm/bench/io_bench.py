@@ -40,13 +40,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.bench import write_json
-from kvswarm.bench.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
-from kvswarm.io.base import Op, uring_available
-from kvswarm.io.throttle import DriveCaps, DriveModel
+from kvswarm.io import Op, uring_available
+from kvswarm.io.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
+from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.store import KVStore, StoreConfig
+from kvswarm.testbed import UNCAPPED, Testbed, default_caps
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # Per drive, for reads. One Python thread both processes results and refills the queues, so the
@@ -160,57 +161,43 @@ class SizeRun:
 
 
 class Drives:
-    """Where the bench runs: plain temp directories, or a testbed's capped drives."""
+    """Where the bench runs (a :class:`kvswarm.testbed.Testbed`): capped drives with ``--drives N``,
+    else ``--dirs`` uncapped directories on the local disk."""
 
     def __init__(self, args: argparse.Namespace, drive_bytes: int) -> None:
-        self.testbed = None
-        self.tmp: str | None = None
         if args.drives:
-            from kvswarm.testbed import Testbed, default_caps
-
             d = default_caps(args.drives)
             mbps, iops = args.cap_mbps or d.read_mbps, args.cap_iops or d.read_iops
             caps = DriveCaps(read_mbps=mbps, write_mbps=mbps, read_iops=iops, write_iops=iops)
-            self.testbed = Testbed(args.drives, drive_bytes=drive_bytes, caps=caps, mode=args.emulation,
-                                   root=args.dir).start()
-            self.paths = list(self.testbed.paths)
-            self.meta_dir = self.testbed.meta_dir
-            self.models: list[DriveModel] | None = self.testbed.models
-            self.describe = self.testbed.describe()
-            self.info = self.testbed.info()
+            self.testbed = Testbed(args.drives, drive_bytes=drive_bytes, caps=caps, mode=args.emulation, root=args.dir)
         else:
-            self.tmp = tempfile.mkdtemp(prefix="kvswarm-bench-io-", dir=args.dir)
-            self.paths = [os.path.join(self.tmp, f"drive{i}") for i in range(args.dirs)]
-            for p in self.paths:
-                os.makedirs(p)
-            self.meta_dir = os.path.join(self.tmp, "meta")
-            self.models = None
-            self.describe = (f"no emulation: {args.dirs} directories on the local disk ({self.tmp}), "
-                             f"one preallocated O_DIRECT data file each, no caps")
-            self.info = {"emulation": "none", "drives": args.dirs, "paths": self.paths}
+            self.testbed = Testbed(args.dirs, drive_bytes=drive_bytes, mode=UNCAPPED, root=args.dir)
+        self.testbed.start()
+        self.capped = self.testbed.emulation != UNCAPPED
+        self.paths = list(self.testbed.paths)
+        self.meta_dir = self.testbed.meta_dir
+        self.models: list[DrivePacer] | None = self.testbed.models
+        self.describe = self.testbed.describe()
+        self.info = self.testbed.info()
         self.capacity = drive_bytes
 
     @property
     def store_queue_depth(self) -> int:
         """Reads in flight per drive for the store: capped drives each have their own queue."""
-        return STORE_QUEUE_DEPTH if self.testbed else max(16, SHARED_DISK_DEPTH // len(self.paths))
+        return STORE_QUEUE_DEPTH if self.capped else max(16, SHARED_DISK_DEPTH // len(self.paths))
 
     def open_store(self, backend: str, queue_depth: int) -> KVStore:
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
                           backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
-                          checkpoint_every=10**9, single_thread_io=True)
-        store = KVStore(cfg)
-        return self.testbed.throttle(store) if self.testbed else store
+                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine)
+        return KVStore(cfg)
 
     def raw_fds(self, write: bool = False) -> list[int]:
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT
         return [os.open(p if not os.path.isdir(p) else os.path.join(p, DATA_FILE), flags) for p in self.paths]
 
     def close(self) -> None:
-        if self.testbed:
-            self.testbed.stop()
-        if self.tmp:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.testbed.stop()
 
 
 # ---- the store's side -------------------------------------------------------------------------
@@ -353,8 +340,6 @@ def bench(args: argparse.Namespace, console) -> dict:
             return args.data_mib * MiB
         full = 64 * MiB if quick else (1 * GiB if size < 64 * KiB else 3 * GiB)
         if args.drives:  # capped drives: about 10 s of the caps' aggregate write rate
-            from kvswarm.testbed import default_caps
-
             d = default_caps(args.drives)
             per_drive = min((args.cap_mbps or d.write_mbps) * 1e6, (args.cap_iops or d.write_iops) * size)
             full = min(full, max(16 * MiB, int(10 * args.drives * per_drive)) // MiB * MiB)
@@ -366,7 +351,7 @@ def bench(args: argparse.Namespace, console) -> dict:
     drive_bytes = (need * 11 // 10 + raw_write_region + 64 * MiB) // MiB * MiB
     drives = Drives(args, drive_bytes)
     console.print(f"[bold]drives[/]: {drives.describe}")
-    if drives.testbed and not quick:
+    if drives.capped and not quick:
         with console.status("checking the testbed's caps"):
             drives.info["cap_check"] = [vars(c) | {"ratio": c.ratio} for c in drives.testbed.verify(1.5)]
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
@@ -393,8 +378,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                 run.raw_write = _from_raw(max(ws, key=lambda r: r.gbps))
                 with console.status(f"writing {n} x {_fmt_size(size)} objects through the store"):
                     run.store_write = store_write(store, run.keys, payload, rng)
-                entries = store.catalog.entries
-                run.ios = [entries[key_digest(k)].extents[0][:2] for k in run.keys]
+                run.ios = [(e.extents[0].drive, e.extents[0].offset) for e in store.locate(run.keys)]
                 runs.append(run)
         finally:
             for fd in wfds:

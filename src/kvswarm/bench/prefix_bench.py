@@ -265,7 +265,7 @@ def capacity_drives(root: Path, n: int, drive_bytes: int):
         return
     try:
         yield ({"drives": list(tb.paths), "meta_dir": tb.meta_dir, "capacity_per_drive": drive_bytes,
-                "wrap": tb.throttle, "cost": DriveCost.from_caps("hdd", caps)}, tb.describe())
+                "wrap_engine": tb.wrap_engine, "cost": DriveCost.from_caps("hdd", caps)}, tb.describe())
     finally:
         tb.stop()
 

@@ -64,8 +64,9 @@ class DriveSet:
         capacity = (capacity + 4095) // 4096 * 4096
         if self.testbed is not None:
             capacity = min(capacity, self.testbed.drive_bytes)
-        store = KVStore(StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=capacity, **kw))
-        return self.testbed.throttle(store) if self.testbed is not None else store
+        wrap = self.testbed.wrap_engine if self.testbed is not None else None
+        return KVStore(StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=capacity,
+                                   wrap_engine=wrap, **kw))
 
 
 @contextlib.contextmanager

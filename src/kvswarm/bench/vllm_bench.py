@@ -6,7 +6,7 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
 
 1. One drive, same disk: restore throughput (many requests' loads in flight) and one
    request's load, per block size, next to the raw O_DIRECT ceiling over the same data
-   (``kvswarm.bench.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
+   (``kvswarm.io.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
    file and random order; the method that tuned best, sampled before and after the tiers'
    restores in every round).  Next to it, the same reads each followed by a copy of the block
    into its primary-tier chunk ("raw + delivery"): the least any tier must do, since loads land
@@ -52,7 +52,7 @@ from kvswarm.bench.engine_host import (
     reexec_in_engine_venv,
     standalone_main,
 )
-from kvswarm.bench.raw import cpu_time
+from kvswarm.io.raw import cpu_time
 from kvswarm.format import ALIGN
 from kvswarm.layout import KVLayout
 
@@ -361,7 +361,7 @@ class RawCeiling:
         self.bursts: list[float] = []  # per round, the median seconds of one request's burst
 
     def _sample(self, order: str, kind: str, n: int, landed: bool = False) -> float:
-        from kvswarm.bench.raw import run_threads, run_uring
+        from kvswarm.io.raw import run_threads, run_uring
         from kvswarm.io.base import Op
 
         ios = self.orders[order]
@@ -384,7 +384,7 @@ class RawCeiling:
         return f"{kind}_{n}_{order}"
 
     def tune(self) -> None:
-        from kvswarm.bench.raw import tune_passes
+        from kvswarm.io.raw import tune_passes
 
         configs = [(order, kind, n) for order in self.orders
                    for kind, ns in (("threads", self.THREADS), ("uring", self.DEPTHS)) for n in ns]
@@ -408,7 +408,7 @@ class RawCeiling:
             self.landed.append(self._sample(*self.method, landed=True))
 
     def measure_burst(self) -> None:
-        from kvswarm.bench.raw import run_uring
+        from kvswarm.io.raw import run_uring
         from kvswarm.io.base import Op
 
         if self.requests:
@@ -595,7 +595,7 @@ class Settle:
         self.seconds = seconds
 
     def __call__(self) -> None:
-        from kvswarm.bench.raw import run_threads
+        from kvswarm.io.raw import run_threads
         from kvswarm.io.base import Op
 
         run_threads(self.fds, self.ios, MiB, Op.READ, len(self.fds), self.seconds)

@@ -1,12 +1,12 @@
 """User-space drive model: per-drive bandwidth/IOPS pacing plus a fixed latency.
 
 This is the fallback emulation for machines without loop devices or the blkio
-controller (see :mod:`kvswarm.testbed`).  A :class:`DriveModel` schedules each I/O
+controller (see :mod:`kvswarm.testbed`).  A :class:`DrivePacer` schedules each I/O
 like the kernel throttle does (a request may start once the drive's budget for the
 previous ones is spent) and adds a fixed latency before the request reaches the
 disk, as a remote drive would.  :class:`ThrottledEngine` applies the models to any
 :class:`IOEngine` by holding requests until their start time, so the store's code
-path stays the production one; raw baselines call :meth:`DriveModel.schedule` directly.
+path stays the production one; raw baselines call :meth:`DrivePacer.schedule` directly.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class DriveCaps:
 
 
 @dataclass
-class DriveModel:
+class DrivePacer:
     """Pacing for one drive: an I/O of n bytes costs max(n / bandwidth, 1 / IOPS) of drive time."""
 
     caps: DriveCaps
@@ -63,7 +63,7 @@ class DriveModel:
 class ThrottledEngine(IOEngine):
     """Wraps an engine: each request is handed to it only when its drive's model lets it start."""
 
-    def __init__(self, inner: IOEngine, models: dict[int, DriveModel]) -> None:
+    def __init__(self, inner: IOEngine, models: dict[int, DrivePacer]) -> None:
         super().__init__(inner.queue_depth)
         self.inner = inner
         self.name = f"{inner.name}+model"

@@ -80,8 +80,7 @@ static int started = 0, busy = 0;
 
 /* Copies of this many bytes or more bypass the caches (streaming stores): a payload copied into an
  * engine's page is read next by a DMA to the GPU or much later, not by this core, and the stores
- * then need no read of the destination first.  A 2 MiB restore's verify-and-copy took 14% less
- * CPU and ran 1-5% faster (docs/testbed.md, session 12). */
+ * then need no read of the destination first (measured on 2 MiB restores: docs/results.md). */
 #define STREAM_MIN (64 * 1024)
 
 static void copy_out(char *d, const char *s, size_t n) {

@@ -29,8 +29,9 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from kvswarm.entry_source import EntrySource, Fetched, KVMissing, LayerKV
 from kvswarm.errors import LayoutMismatch
-from kvswarm.offload.sequence import TORCH_DTYPES, EntrySource, Fetched, KVMissing, LayerKV
+from kvswarm.offload.sequence import TORCH_DTYPES
 from kvswarm.sparse.base import (Selection, Selector, StepQuery, attention_mass, budget_for, gqa_logits, head_lse,
                                  make_selector, small_ops)
 

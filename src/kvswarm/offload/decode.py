@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvswarm.entry_source import LayerKV
 from kvswarm.offload.attention import kvswarm_attention
 from kvswarm.offload.cache import OffloadedKVCache
-from kvswarm.offload.sequence import LayerKV, kv_from_cache
+from kvswarm.offload.sequence import kv_from_cache
 
 
 @dataclass

@@ -22,7 +22,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from typing import ClassVar
 
@@ -31,8 +31,8 @@ import torch
 import xxhash
 
 from kvswarm.buffers import BufferPoolExhausted
+from kvswarm.entry_source import EntrySource, Fetched, FetchHandle, Geometry, KVMissing, LayerKV
 from kvswarm.errors import DriveError, KVSwarmError, LayoutMismatch
-from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.grouping import (
     Grouping,
@@ -45,63 +45,6 @@ from kvswarm.store import KVStore
 log = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-LayerKV = tuple[torch.Tensor, torch.Tensor]  # K, V: [1, kv_heads, tokens, head_dim]
-
-
-class KVMissing(KVSwarmError):
-    """Offloaded entries could not be read back and no recompute path was given."""
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Which prompt positions stay resident and which are offloaded."""
-
-    prompt_len: int
-    sinks: int = 4
-    window: int = 64
-
-    def __post_init__(self) -> None:
-        if min(self.prompt_len, self.sinks, self.window) < 0:
-            raise ValueError("prompt_len, sinks and window must be non-negative")
-
-    @property
-    def off_start(self) -> int:
-        return min(self.sinks, self.prompt_len)
-
-    @property
-    def off_end(self) -> int:
-        return max(self.off_start, self.prompt_len - self.window)
-
-    @property
-    def offloaded(self) -> np.ndarray:
-        return np.arange(self.off_start, self.off_end, dtype=np.int64)
-
-    @property
-    def resident(self) -> np.ndarray:
-        return np.concatenate([np.arange(self.off_start), np.arange(self.off_end, self.prompt_len)]).astype(np.int64)
-
-
-@dataclass
-class Fetched:
-    """Entries read for one layer, in the order requested; rows listed in ``missing`` are zero
-    and must not be used (their pages were missing, torn or corrupt)."""
-
-    keys: torch.Tensor  # [kv_heads, m, head_dim]
-    values: torch.Tensor
-    missing: np.ndarray  # indices into the request
-    pages: int = 0
-    pages_missing: int = 0
-    payload_bytes: int = 0  # bytes of entries read (pages x entries x entry bytes)
-    io_s: float = 0.0  # submit -> data verified in DRAM
-
-
-class FetchHandle(abc.ABC):
-    @abc.abstractmethod
-    def poll(self) -> bool:
-        """Non-blocking: True when ``wait`` will not block."""
-
-    @abc.abstractmethod
-    def wait(self) -> Fetched: ...
 
 
 class StoreRead(FetchHandle):
@@ -115,7 +58,7 @@ class StoreRead(FetchHandle):
             self.handle = store.submit_get(keys) if keys else None
         except BufferPoolExhausted:  # more than the store's read buffers hold at once: all misses, recomputed
             log.warning("kvswarm offload: a read of %d objects does not fit the store's buffer pool (%d B): "
-                        "recomputed instead; raise buffer_pool_bytes", len(keys), store.pool.capacity)
+                        "recomputed instead; raise buffer_pool_bytes", len(keys), store.buffer_bytes)
             self.handle = None
         self._result: Fetched | None = None
 
@@ -159,46 +102,8 @@ class StoredSequenceKeys:
         return cls.MANIFEST_PREFIX + struct.pack("<H", len(salt)) + salt + seq_id
 
 
-class EntrySource(abc.ABC):
-    """Where the offloaded entries of one prompt live."""
-
-    layout: KVLayout
-    geometry: Geometry
-    token_ids: np.ndarray
-
-    @abc.abstractmethod
-    def resident(self, layer: int) -> LayerKV:
-        """K, V [kv_heads, r, head_dim] of the resident prompt positions (``geometry.resident``)."""
-
-    @abc.abstractmethod
-    def submit(self, layer: int, positions: np.ndarray) -> FetchHandle:
-        """Start reading the entries of ``positions`` (offloaded positions of ``layer``)."""
-
-    def fetch(self, layer: int, positions: np.ndarray) -> Fetched:
-        return self.submit(layer, positions).wait()
-
-    @abc.abstractmethod
-    def offloaded_keys(self, layer: int) -> torch.Tensor:
-        """Keys [kv_heads, n, head_dim] of all offloaded entries (to build a selector's index)."""
-
-    def repair(self, layer: int, positions: np.ndarray, kv: LayerKV) -> int:
-        """Rewrite the storage holding ``positions`` from recomputed prompt KV; returns objects written."""
-        return 0
-
-    def groups(self, layer: int) -> list[np.ndarray] | None:
-        """Positions of each stored object (page) of ``layer``, or None when there are no pages."""
-        return None
-
-    def expand(self, layer: int, positions: np.ndarray) -> np.ndarray:
-        """All positions stored together with ``positions`` (what reading them brings in anyway)."""
-        return positions
-
-    def object_count(self) -> int:
-        return 0
-
-
 # ---- helpers ------------------------------------------------------------------------------
-def _check_kv(kv: Sequence[LayerKV], layout: KVLayout, n: int) -> None:
+def check_kv(kv: Sequence[LayerKV], layout: KVLayout, n: int) -> None:
     if len(kv) != layout.num_layers:
         raise LayoutMismatch(f"{len(kv)} layers of KV for a {layout.num_layers}-layer layout")
     want = TORCH_DTYPES.get(layout.dtype)
@@ -263,7 +168,7 @@ class MemorySequence(EntrySource):
     def __init__(self, kv: Sequence[LayerKV], token_ids: Sequence[int], layout: KVLayout, sinks: int = 4,
                  window: int = 64) -> None:
         n = len(token_ids)
-        _check_kv(kv, layout, n)
+        check_kv(kv, layout, n)
         self.layout, self.geometry = layout, Geometry(n, sinks, window)
         self.token_ids = np.asarray(token_ids, np.int64)
         self._kv = [(k[0, :, :n].clone(), v[0, :, :n].clone()) for k, v in kv]
@@ -376,15 +281,15 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
         copy = np.zeros(len(pages), np.int64)
         if table.extra is None or not len(pages):
             return copy
-        ents = self.store.catalog.entries
-        load = np.zeros(len(self.store.drives))
-        healthy = [d.healthy for d in self.store.drives]
+        load = np.zeros(self.store.num_drives)
+        healthy = self.store.drive_health()
         nbytes = [table.extent_bytes(int(p), self.layout.entry_bytes) for p in pages]
         for i in sorted(range(len(pages)), key=lambda j: table.copies(int(pages[j]))):  # fixed pages first
             best, best_drive, best_load = 0, -1, np.inf
-            for c in range(table.copies(int(pages[i]))):
-                e = ents.get(key_digest(self.copy_key(layer, int(pages[i]), c)))
-                d = e.extents[0][0] if e is not None else -1
+            located = self.store.locate([self.copy_key(layer, int(pages[i]), c)
+                                         for c in range(table.copies(int(pages[i])))])
+            for c, e in enumerate(located):
+                d = e.extents[0].drive if e is not None else -1
                 here = load[d] if d >= 0 and healthy[d] else np.inf
                 if here < best_load:
                     best, best_drive, best_load = c, d, here
@@ -401,7 +306,7 @@ class StoreSequence(StoredSequenceKeys, EntrySource):
         """Write the offloadable entries of ``kv`` (prefill KV of ``token_ids``) to ``store``."""
         tokens = np.asarray(token_ids, np.int64)
         n = len(tokens)
-        _check_kv(kv, layout, n)
+        check_kv(kv, layout, n)
         geo = Geometry(n, sinks, window)
         grouper = make_grouping(grouping)
         cap = entries_per_page(page_bytes, layout.entry_bytes)

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace, console: Console) -> int:
-    from kvswarm.planner.catalog import load_catalog
+    from kvswarm.planner.hardware import load_catalog
     from kvswarm.planner.cost import enumerate_mixes
     from kvswarm.planner.models import resolve_model
     from kvswarm.planner.project import Planner, PlanSettings

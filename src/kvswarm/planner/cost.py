@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvswarm.planner.catalog import Catalog, DramType, DriveType, GpuType
+from kvswarm.planner.hardware import DramType, DriveType, GpuType, HardwareCatalog
 
 HOURS_PER_YEAR = 8760.0
 
@@ -49,7 +49,7 @@ class Mix:
     def hdd_bytes(self) -> int:
         return self.n_hdd * self.hdd.capacity_bytes if self.n_hdd else 0
 
-    def capex(self, cat: Catalog) -> float:
+    def capex(self, cat: HardwareCatalog) -> float:
         """Purchase cost of the KV tier (DRAM, drives, their slots), USD."""
         slot = cat.economics.drive_slot_usd
         usd = self.dram_gb * self.dram.price_usd_per_gb
@@ -68,19 +68,20 @@ class Mix:
         return w
 
 
-def hourly_usd(capex: float, years: float, watts: float, cat: Catalog) -> float:
+def hourly_usd(capex: float, years: float, watts: float, cat: HardwareCatalog) -> float:
     """Amortised capital plus energy (with PUE), USD per hour."""
     e = cat.economics
     return capex / (years * HOURS_PER_YEAR) + watts / 1000.0 * e.pue * e.electricity_usd_per_kwh
 
 
-def gpu_hourly_usd(gpu: GpuType, count: float, util: float, cat: Catalog) -> float:
+def gpu_hourly_usd(gpu: GpuType, count: float, util: float, cat: HardwareCatalog) -> float:
     return hourly_usd(gpu.price_usd * count, cat.economics.gpu_amortization_years,
                       gpu.watts * count * min(1.0, util), cat)
 
 
-def enumerate_mixes(cat: Catalog, dram_gb: Iterable[float], ssd_counts: Iterable[int], hdd_counts: Iterable[int],
-                    ssd_types: Iterable[str] | None = None, hdd_types: Iterable[str] | None = None,
+def enumerate_mixes(cat: HardwareCatalog, dram_gb: Iterable[float], ssd_counts: Iterable[int],
+                    hdd_counts: Iterable[int], ssd_types: Iterable[str] | None = None,
+                    hdd_types: Iterable[str] | None = None,
                     dram_type: str | None = None) -> list[Mix]:
     """Every combination of the given sizes over the catalog's (or the named) SSD and HDD types
     (an HDD pool only below an SSD pool)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvswarm.planner.catalog import Catalog, GpuType, LinkType
+from kvswarm.planner.hardware import GpuType, HardwareCatalog, LinkType
 from kvswarm.planner.cost import Mix, gpu_hourly_usd, hourly_usd
 from kvswarm.planner.hits import DRAM, HDD, MISS, SSD, TIER_NAMES, LRUHits, TierCaps, per_request
 from kvswarm.planner.models import ModelSpec
@@ -36,7 +36,7 @@ class PlanSettings:
     model: ModelSpec
     gpu: GpuType
     link: LinkType
-    catalog: Catalog
+    catalog: HardwareCatalog
     gpus: int | None = None  # None: sized per mix so prefill runs at gpu_util
     gpu_util: float = 0.7
     stripe_unit: int = 1 << 20

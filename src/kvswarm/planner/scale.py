@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.placement import make_placement
-    from kvswarm.planner.catalog import load_catalog
+    from kvswarm.planner.hardware import load_catalog
     from kvswarm.planner.models import resolve_model
 
     cat = load_catalog(args.catalog)

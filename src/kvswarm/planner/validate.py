@@ -39,7 +39,7 @@ from rich.table import Table
 from kvswarm.format import HEADER_SIZE, payload_checksum
 from kvswarm.planner.report import console as make_console
 from kvswarm.planner.report import new_figure, write_outputs
-from kvswarm.sim.devices import DriveModel, LinkModel
+from kvswarm.sim.devices import DriveSpec, LinkModel
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
 
@@ -132,7 +132,7 @@ def _disk_link() -> LinkModel:
     return LinkModel("disk", DISK_MBPS * 1e6, iops=DISK_IOPS)
 
 
-def _system(drive: DriveModel, n: int, cost: HostCost, depth: int, capacity: int, placement: str,
+def _system(drive: DriveSpec, n: int, cost: HostCost, depth: int, capacity: int, placement: str,
             backend: str) -> SystemModel:
     return SystemModel([drive] * n, capacity_per_drive=capacity, host_link=_disk_link(), engine_depth=depth,
                        chunked=backend == "threads", cpu_per_op=cost.cpu_per_op, cpu_per_byte=cost.cpu_per_byte,
@@ -232,7 +232,7 @@ def _fit(lo: float, hi: float, target: float, predict, iters: int = 16) -> float
 
 
 def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: random.Random,
-              console: Console) -> tuple[DriveModel, dict]:
+              console: Console) -> tuple[DriveSpec, dict]:
     """Fit a paced drive model to measured runs on one emulated drive (or to bench io results).
 
     Rates come from back-to-back batches (1 MiB: bytes/s; 4 KiB: ops/s), each fitted by
@@ -255,7 +255,7 @@ def calibrate(tb_factory, caps, cost: HostCost, args: argparse.Namespace, rng: r
     cap = tb.drive_bytes
     lat = measured["latency"]["median_io_time_s"] - cost.cpu_per_op - cost.cpu_per_byte * (4 * KiB - HEADER_SIZE) \
         - 4 * KiB / _disk_link().bandwidth
-    model = DriveModel("emulated", caps.read_mbps * 1e6, caps.write_mbps * 1e6, caps.read_iops, caps.write_iops,
+    model = DriveSpec("emulated", caps.read_mbps * 1e6, caps.write_mbps * 1e6, caps.read_iops, caps.write_iops,
                        max(lat, 1e-6), 0.0, queue_depth=128, paced=True)
 
     def predict(field: str, run: str):

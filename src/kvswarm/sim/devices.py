@@ -33,7 +33,7 @@ SMALL_IO = 4 * KIB  # the op size datasheets quote random IOPS at
 
 
 @dataclass(frozen=True)
-class DriveModel:
+class DriveSpec:
     """Performance of one drive. Bandwidths in bytes/s, IOPS for random 4 KiB ops, latencies in s."""
 
     name: str
@@ -62,7 +62,7 @@ class DriveModel:
         if self.slice_s <= 0:
             raise ValueError(f"drive model {self.name!r}: slice_s must be > 0")
 
-    def scaled(self, **changes: float) -> DriveModel:
+    def scaled(self, **changes: float) -> DriveSpec:
         return replace(self, **changes)
 
     def fixed_latency(self, write: bool) -> float:
@@ -124,7 +124,7 @@ def pcie_link(gen: int, lanes: int, efficiency: float = 0.85, name: str | None =
 class SimDrive:
     """A drive in a simpy environment; keeps busy time and byte/op counts."""
 
-    def __init__(self, env: simpy.Environment, index: int, model: DriveModel) -> None:
+    def __init__(self, env: simpy.Environment, index: int, model: DriveSpec) -> None:
         self.env, self.index, self.model = env, index, model
         self.slots = simpy.Resource(env, capacity=model.queue_depth)
         self.channel = simpy.Resource(env, capacity=1)

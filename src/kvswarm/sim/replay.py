@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswarm.format import key_digest
 from kvswarm.sim.system import BatchRecord, SimStore
 
 
@@ -139,10 +138,8 @@ def measure(kvstore, stream: Iterable[Request], concurrency: int = 1) -> dict:
 
 
 def _extent_bytes(kvstore, keys: Sequence[bytes]) -> int:
-    ents = kvstore.catalog.entries
-    return sum(ln for k in keys if (e := ents.get(key_digest(k))) for _, _, ln, _ in e.extents)
+    return sum(x.length for e in kvstore.locate(keys) if e for x in e.extents)
 
 
 def _nextents(kvstore, keys: Sequence[bytes]) -> int:
-    ents = kvstore.catalog.entries
-    return sum(len(e.extents) for k in keys if (e := ents.get(key_digest(k))))
+    return sum(len(e.extents) for e in kvstore.locate(keys) if e)

@@ -19,7 +19,7 @@ from kvswarm.allocator import ExtentAllocator
 from kvswarm.errors import DriveFull
 from kvswarm.format import ALIGN, HEADER_SIZE, extent_size, key_digest
 from kvswarm.placement import DriveView, PlacementStrategy, make_placement
-from kvswarm.sim.devices import DriveModel, LinkModel, SimDrive, SimLink
+from kvswarm.sim.devices import DriveSpec, LinkModel, SimDrive, SimLink
 
 GiB = 1 << 30
 
@@ -28,7 +28,7 @@ GiB = 1 << 30
 class SystemModel:
     """Hardware and host-side parameters of a simulated store."""
 
-    drives: list[DriveModel]
+    drives: list[DriveSpec]
     capacity_per_drive: int = 1 * GiB
     host_link: LinkModel | None = None  # drives -> host memory (PCIe uplink / HBA / shared disk)
     dram_copy: LinkModel | None = None  # memcpy: joining multi-extent objects, DRAM tier copies

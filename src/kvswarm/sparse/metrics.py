@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvswarm.offload.sequence import EntrySource
+from kvswarm.entry_source import EntrySource
 from kvswarm.sparse.base import Selection, StepQuery, attention_mass, gqa_logits, head_lse
 
 

@@ -32,18 +32,13 @@ import numpy as np
 import torch
 import xxhash
 
+from kvswarm.entry_source import EntrySource, Fetched, Geometry, KVMissing, LayerKV
 from kvswarm.errors import DriveError, LayoutMismatch
-from kvswarm.format import key_digest
 from kvswarm.layout import KVLayout
 from kvswarm.offload.sequence import (
-    EntrySource,
-    Fetched,
-    Geometry,
-    LayerKV,
-    KVMissing,
     StoredSequenceKeys,
     StoreRead,
-    _check_kv,
+    check_kv,
     entries_array,
     entries_to_kv,
     payload_entries,
@@ -158,7 +153,7 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
                layouts: list[LayerLayout], *, sinks: int = 4, window: int = 64, salt: bytes = b"",
                seq_id: bytes | None = None, **kw) -> SwarmSequence:
         tokens = np.asarray(token_ids, np.int64)
-        _check_kv(kv, layout, len(tokens))
+        check_kv(kv, layout, len(tokens))
         geo = Geometry(len(tokens), sinks, window)
         # The same prompt with another layout (re-clustered), or of another model, must not share keys
         # (the manifest's key has no model/layout fingerprint of its own).
@@ -190,10 +185,9 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
         """``lay`` without the trailing copies of a piece that went to a drive already holding an
         earlier copy (no other drive was available): deleted from the store and not counted as
         copies.  Returns ``lay`` itself when every copy has a drive of its own."""
-        ents = self.store.catalog.entries
         pieces, dropped = [], False
         for i, p in enumerate(lay.pieces):
-            where = [ents[key_digest(self.key(layer, i, c))].extents[0][0] for c in range(len(p.drives))]
+            where = self._copy_drives(layer, i, len(p.drives))
             n = len(where)
             while n > 1 and where[n - 1] in where[:n - 1]:
                 n -= 1
@@ -268,16 +262,18 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
                 raise KVMissing(f"layer {layer}: {len(got.missing)} offloaded entries unreadable while indexing")
             self._keys.append(got.keys)
 
+    def _copy_drives(self, layer: int, piece: int, copies: int) -> list[int]:
+        """The drive each copy of a piece is on (its first extent's: a piece is one extent)."""
+        return [e.extents[0].drive for e in self.store.locate([self.key(layer, piece, c) for c in range(copies)])]
+
     def _build_retrievers(self) -> None:
         """Retrievers over where each copy actually is (the store's catalog)."""
-        ents = self.store.catalog.entries
         self.retrievers = []
         for layer, lay in enumerate(self.layouts):
-            drives = [[ents[key_digest(self.key(layer, i, c))].extents[0][0] for c in range(len(p.drives))]
-                      for i, p in enumerate(lay.pieces)]
+            drives = [self._copy_drives(layer, i, len(p.drives)) for i, p in enumerate(lay.pieces)]
             self.retrievers.append(Retriever(lay.holders(self.geometry.prompt_len),
                                              np.array([len(p.positions) for p in lay.pieces]), drives,
-                                             self.layout.entry_bytes, len(self.store.drives), self.model,
+                                             self.layout.entry_bytes, self.store.num_drives, self.model,
                                              self.assign, self.dedup))
 
     def view(self, *, assign: str | None = None, dedup: bool | None = None, cache: UnitCache | None = None,
@@ -303,7 +299,7 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
 
     def plan(self, layer: int, positions: np.ndarray) -> ReadPlan:
         """The reads for ``positions`` of ``layer``, booked in the DRAM cache (see ``book``)."""
-        self.retrievers[layer].down = {d.index for d in self.store.drives if not d.healthy}
+        self.retrievers[layer].down = set(self.store.failed_drives())
         avail = np.array(sorted(p for (lay, p) in self.prefetched if lay == layer), np.int64) \
             if self.prefetched else None
         plan = self.retrievers[layer].plan(positions, self.cache if self.dedup else None, layer, available=avail)

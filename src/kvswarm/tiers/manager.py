@@ -282,10 +282,9 @@ class TierManager:
         self._orphans: list[GetHandle] = []
         # Pins and reads of prefetches dropped unconsumed, to let go at the next prefetch (see Prefetch.__del__)
         self._dropped: deque[tuple[list[Slot], list[GetHandle]]] = deque()
-        self._healthy = {t: sum(d.healthy for d in s.drives) for t, s in self.stores.items()}
+        self._healthy = {t: sum(s.drive_health()) for t, s in self.stores.items()}
         for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
-            entries = sorted(s.catalog.entries.items(), key=lambda kv: kv[1].generation)
-            self._execute(self.director.restore(t, [d for d, _ in entries]), {})
+            self._execute(self.director.restore(t, [d for d, _ in s.entries_oldest_first()]), {})
         self.reopen_seconds = now() - t0
         if cluster is None and config.cluster is not None:
             cluster = ClusterPool(config.cluster)
@@ -361,7 +360,7 @@ class TierManager:
         return self.stores[tier].submit_get_digests(digests)
 
     def _progress(self, tier: Tier) -> Callable[[float], object]:
-        return self.cluster.progress if tier == Tier.CLUSTER else self.stores[tier].engine.poll
+        return self.cluster.progress if tier == Tier.CLUSTER else self.stores[tier].poll
 
     def _durable_digests(self) -> list[bytes]:
         seen: dict[bytes, None] = {}
@@ -750,9 +749,9 @@ class TierManager:
             for d in ds:
                 self._stay(tier, d, None)
             return
-        dead = {x.index for x in store.drives if not x.healthy}
-        for d in ds:
-            if dead and (e := store.catalog.entries.get(d)) is not None and any(x[0] in dead for x in e.extents):
+        dead = store.failed_drives()
+        for d, e in zip(ds, store.locate_digests(ds) if dead else [None] * len(ds)):
+            if e is not None and any(x.drive in dead for x in e.extents):
                 self._stay(tier, d, None)
             else:
                 self._moved(tier, d)
@@ -767,7 +766,7 @@ class TierManager:
         src = self._moving[tier].pop(digest, None)
         if src is not None:
             if digest in self.director.tiers[src] or self._pending[src][digest] \
-                    or digest not in self.stores[src].catalog:
+                    or digest not in self.stores[src].digest_view():
                 return  # taken back meanwhile, or gone with a failed drive
             back = src
         elif slot is not None and slot.dropped and digest not in self.dram and self.director.locate(digest) is None:
@@ -798,14 +797,14 @@ class TierManager:
     def _check_health(self) -> None:
         """After a drive failure: forget its blocks and shrink the pool's capacity."""
         for t, s in self.stores.items():
-            healthy = sum(d.healthy for d in s.drives)
+            healthy = sum(s.drive_health())
             if healthy == self._healthy[t]:
                 continue
             self._healthy[t] = healthy
             self._reap(t)
             for dg in s.unreadable_digests():
                 self._lost_in_pool(dg, t)  # its puts were reaped above: dropped at once
-            log.warning("%s pool: %d of %d drives healthy", t.name, healthy, len(s.drives))
+            log.warning("%s pool: %d of %d drives healthy", t.name, healthy, s.num_drives)
             self._execute(self.director.resize(t, block_capacity(s, self.config.block_bytes)), {})
 
     # ---- reporting -------------------------------------------------------------------------

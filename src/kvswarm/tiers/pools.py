@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvswarm.format import HEADER_SIZE, extent_size
+from kvswarm.io import IOEngine
 from kvswarm.store import KVStore, StoreConfig
 from kvswarm.tiers.costs import DRIVE_CLASSES, DriveCost
 
@@ -42,8 +43,8 @@ class PoolConfig:
     stripe_unit: int = 1 << 20
     buffer_pool_bytes: int = 256 << 20  # reads in flight land here: at least one request's prefix
     cost: DriveCost | None = None
-    # Applied to the opened store, e.g. ``Testbed.throttle`` (user-space drive emulation).
-    wrap: Callable[[KVStore], KVStore] | None = field(default=None, repr=False)
+    # Wraps the store's I/O engine (StoreConfig.wrap_engine), e.g. ``Testbed.wrap_engine`` (user-space pacing).
+    wrap_engine: Callable[[IOEngine], IOEngine] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -54,12 +55,11 @@ class PoolConfig:
         return self.cost or DRIVE_CLASSES[self.kind]
 
     def open(self) -> KVStore:
-        store = KVStore(StoreConfig(
+        return KVStore(StoreConfig(
             drives=list(self.drives), meta_dir=self.meta_dir, capacity_per_drive=self.capacity_per_drive,
             backend=self.backend, queue_depth=self.queue_depth, stripe_unit=self.stripe_unit,
             placement="round_robin", buffer_pool_bytes=self.buffer_pool_bytes,
-            drive_kinds=[self.kind] * len(self.drives)))
-        return self.wrap(store) if self.wrap else store
+            drive_kinds=[self.kind] * len(self.drives), wrap_engine=self.wrap_engine))
 
 
 def block_disk_bytes(payload_bytes: int, stripe_unit: int) -> int:
@@ -76,12 +76,6 @@ def block_capacity(store: KVStore, payload_bytes: int) -> int:
     only reused after the next flush (the store's crash-safety rule), so a pool that is
     exactly full would fsync on every write.
     """
-    per = block_disk_bytes(payload_bytes, store.config.stripe_unit)
-    healthy = [d for d in store.drives if d.healthy]
-    # Whole blocks per drive when a block is one extent (it never straddles drives).
-    if per == extent_size(payload_bytes) and payload_bytes <= store.config.stripe_unit - HEADER_SIZE:
-        total = sum((d.capacity - d.data_start) // per for d in healthy)
-    else:
-        total = sum(d.capacity - d.data_start for d in healthy) // per
-    slack = max(2 * len(healthy), total // 16)
+    total = store.capacity_objects(payload_bytes)
+    slack = max(2 * sum(store.drive_health()), total // 16)
     return max(0, total - slack)

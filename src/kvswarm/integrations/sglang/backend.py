@@ -48,7 +48,6 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import FlushError, KVSwarmError
-from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
@@ -194,7 +193,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         store = KVStore(StoreConfig(drives=paths, follow=follow, **self._store_options))
         # At start-up rather than in the first batch: see BufferPool.populate (SGLang's backends
         # have no thread of their own to do it in the background).
-        store.pool.populate()
+        store.warm_buffers()
         return store
 
     def _store(self, pool: str | PoolName = PoolName.KV) -> KVStore | None:
@@ -217,7 +216,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                         return None  # its writer has not made it yet: a miss for now
         elif follow:
             store.refresh()
-        if sum(d.healthy for d in store.drives) != self._healthy.get(sub, len(store.drives)):
+        if sum(store.drive_health()) != self._healthy.get(sub, store.num_drives):
             self._drop_unreadable(sub, store)
         return store
 
@@ -226,8 +225,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         rather than SGLang scheduling reads that fail and then recomputing.  A follower only forgets them: its
         writer may journal more there, which then fail their reads and are deleted."""
         with self._dropping:
-            healthy = sum(d.healthy for d in store.drives)
-            if healthy == self._healthy.get(sub, len(store.drives)):
+            healthy = sum(store.drive_health())
+            if healthy == self._healthy.get(sub, store.num_drives):
                 return  # another thread dropped them meanwhile
             try:
                 dropped = store.drop_unreadable()
@@ -237,7 +236,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             finally:
                 self._healthy[sub] = healthy  # tried once per failure, not once per call
         log.warning("kvswarm HiCache backend: %s: %d of %d drives healthy; forgot the %d pages on the failed ones",
-                    sub, healthy, len(store.drives), len(dropped))
+                    sub, healthy, store.num_drives, len(dropped))
 
     @property
     def store(self) -> KVStore | None:
@@ -263,19 +262,19 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         batch finds room.  A batch the pool cannot lease waits for this call's earlier ones, else is
         halved; a page that does not fit on its own fails.  Any other failure fails only that
         batch's pages, and every batch submitted is finished, whatever happens."""
-        pool, per = store.pool, store.object_bytes(page_bytes) if page_bytes else 0
-        if per > pool.capacity:
+        per = store.object_bytes(page_bytes) if page_bytes else 0
+        if per > store.buffer_bytes:
             log.warning("kvswarm HiCache backend: pages of %d B do not fit its buffer pool (buffer_pool_bytes: "
-                        "%d B): %d pages fail", page_bytes, pool.capacity, n)
+                        "%d B): %d pages fail", page_bytes, store.buffer_bytes, n)
             return
         inflight: deque[tuple[int, int, Any]] = deque()
         pos = 0
         try:
             while pos < n or inflight:
                 if pos < n and len(inflight) < self.batches_in_flight:
-                    room = min(pool.largest_free, pool.capacity // 2)
-                    if not (inflight and room < per):
-                        m = min(cap, n - pos, max(1, room // per) if per else cap)
+                    m = store.batch_len(min(cap, n - pos), per, store.buffer_bytes // 2)
+                    if m or not inflight:
+                        m = max(m, 1)
                         try:
                             inflight.append((pos, pos + m, submit(pos, pos + m)))
                             pos += m
@@ -284,7 +283,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                             if not inflight:  # no lease of this call's to wait for
                                 if m == 1:
                                     log.warning("kvswarm HiCache backend: no room for a page in the buffer pool "
-                                                "(%d B free of %d B)", pool.largest_free, pool.capacity)
+                                                "(%d B free of %d B)", store.room(), store.buffer_bytes)
                                     pos += 1
                                 cap = max(1, m // 2)
                                 continue
@@ -370,13 +369,12 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return
         except FlushError as e:  # the other drives and the catalog are synced
             log.error("kvswarm HiCache backend: %s", e)
-            failed: set[int] | None = {d.index for d in store.drives if not d.healthy}
+            failed: frozenset[int] | None = store.failed_drives()
         except (KVSwarmError, OSError) as e:
             log.error("kvswarm HiCache backend: flush failed: %s", e)
             failed = None
-        for i in todo:
-            entry = store.catalog.get(key_digest(keys[i])) if ok[i] else None
-            if entry is not None and (failed is None or any(x[0] in failed for x in entry.extents)):
+        for i, entry in zip(todo, store.locate([keys[i] for i in todo])):
+            if ok[i] and entry is not None and (failed is None or any(x.drive in failed for x in entry.extents)):
                 store.delete(keys[i])
                 ok[i] = False
 
@@ -558,8 +556,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         for store in self._stores.values():
-            if store.engine is not None:
-                store.close()
+            store.close()  # a closed store's close returns at once
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:

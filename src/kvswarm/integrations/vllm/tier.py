@@ -44,8 +44,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvswarm.buffers import collapse_shared_file
-from kvswarm.catalog import Catalog
-from kvswarm.format import HEADER_SIZE, KEY_DIGEST, extent_size
+from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
@@ -97,12 +96,9 @@ def vllm_layout(spec: OffloadingSpec, chunk_bytes: int, model_id: str | None = N
 def auto_queue_depth(chunk_bytes: int, inflight_bytes: int = 96 << 20) -> int:
     """Reads in flight per drive: about 96 MiB of chunks, 8 to 128 of them.
 
-    Small chunks need the depth to keep the drive busy.  Large ones were once kept shallow: this
-    disk completes a deep queue of large reads in bursts, and with 2 MiB chunks 128 deep a
-    restore's verification all landed after its last read (1.66 vs 2.08 GB/s at 16 deep).  Since
-    verification got cheaper (session 12: streaming-store copies, AVX2 hashing), 2 MiB restores ran
-    46-48 deep at 0.96-1.0 of raw vs 0.91-0.96 at 15 deep in four probes of 20-24 paired rounds; a
-    fifth showed no difference (docs/testbed.md).
+    Small chunks need the depth to keep the drive busy; large ones gain nothing past a few dozen
+    in flight, and the byte budget keeps a restore's verification close behind its reads
+    (measurements: docs/results.md).
     """
     return max(8, min(128, inflight_bytes // extent_size(chunk_bytes)))
 
@@ -119,20 +115,20 @@ class Residency:
     otherwise hold the pool for good.  Used by the driver thread only.
     """
 
-    def __init__(self, policy: str, capacity: int, catalog: Catalog, delete_digest: Callable[[bytes], bool]) -> None:
+    def __init__(self, policy: str, capacity: int, store: KVStore, delete_digest: Callable[[bytes], bool]) -> None:
         self.capacity = capacity
-        self.unknown = min(len(catalog), capacity)
+        self.unknown = min(len(store), capacity)
         self.policy = make_eviction(policy, capacity - self.unknown)
-        self._catalog, self._delete = catalog, delete_digest
-        self._opened_at = catalog.next_generation  # objects of older generations were there before
-        self._older = catalog.written_before(self._opened_at)
+        self._store, self._held, self._delete = store, store.digest_view(), delete_digest
+        self._opened_at = store.generation  # objects of older generations were there before
+        self._older = store.written_before(self._opened_at)
         self._adopted: set[bytes] = set()  # digests of unknown chunks a lookup has met
 
     def seen(self, key: bytes) -> list[bytes]:
         """A lookup hit: refresh ``key``, adopting it if an earlier process stored it."""
         if self.policy.touch(key):
             return []
-        if KEY_DIGEST(key) not in self._catalog:  # deleted since its lookup (a failed load or drive): not held
+        if KEY_DIGEST(key) not in self._held:  # deleted since its lookup (a failed load or drive): not held
             return []
         if self.unknown:
             self.unknown -= 1
@@ -148,7 +144,7 @@ class Residency:
     def _reclaim(self) -> bool:
         """Delete one chunk stored before the tier opened and not met since; False if none is left."""
         for d in self._older:
-            e = self._catalog.get(d)
+            e = self._store.locate_digests([d])[0]
             if e is None or e.generation >= self._opened_at or d in self._adopted:
                 continue  # gone, rewritten by this process, or adopted: the policy's business now
             if self._delete(d):
@@ -237,7 +233,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             # One extent per chunk by default: reads then land in place, with no join of parts.
             stripe_unit=stripe_unit or max(1 << 20, extent_size(self.block_size_bytes)),
             buffer_pool_bytes=max(int(buffer_pool_bytes), 4 * self.block_size_bytes)))
-        self._catalog = self.store.catalog.digests()  # live view: `in` is one C-level dict probe
+        self._catalog = self.store.digest_view()  # live: `in` is one C-level dict probe
         self._chunk_extent_bytes = self.store.object_bytes(self.block_size_bytes)  # on a drive and in a lease
         self.durable = durable
         self.flush_interval = flush_interval
@@ -261,8 +257,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._seen: deque[bytes] = deque(maxlen=0 if follow else None)
         self._delete_after_write: set[bytes] = set()
         self._evicted_since_flush = 0
-        self._healthy = len(self.store.drives)  # healthy drives when their unreadable chunks were last dropped
-        self.residency = Residency(eviction, self._capacity_chunks(), self.store.catalog, self._delete_digest)
+        self._healthy = self.store.num_drives  # healthy drives when their unreadable chunks were last dropped
+        self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
@@ -319,20 +315,15 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._driver.join()
         if self._huge is not None:
             self._huge.join()  # it maps the region's file: done before vLLM may close it
-        if self.store.engine is not None:
-            self.store.close()
+        self.store.close()  # once only: a closed store's close returns at once
         self._flat.release()  # else vLLM cannot unmap its primary region
 
     def get_stats(self):
         return None
 
     def _capacity_chunks(self) -> int:
-        """Chunks the pool's healthy drives hold: whole objects per drive (extents of one size never fragment)."""
-        per_object = self._chunk_extent_bytes
-        drives = [d for d in self.store.drives if d.healthy]
-        if self.block_size_bytes <= self.store.config.stripe_unit - HEADER_SIZE:  # one extent per chunk
-            return sum((d.capacity - d.data_start) // per_object for d in drives)
-        return sum(d.capacity - d.data_start for d in drives) // per_object
+        """Chunks the pool's healthy drives hold."""
+        return self.store.capacity_objects(self.block_size_bytes)
 
     def _enqueue(self, job: TransferJob, load: bool) -> None:
         keys = list(job.keys)
@@ -352,7 +343,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         # Fault the buffer pool in before serving, not in the first jobs: a fresh tier's first stores
         # spread over the whole pool (0.24 vs 1.8-1.9 GB/s once resident, see BufferPool.populate).
         # Jobs queue meanwhile; a lookup waits at most for one huge page to fault in (see populate).
-        if not self.store.pool.populate():
+        if not self.store.warm_buffers():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
         if verify_submit is None:
             log.warning("kvswarm tier: kvswarm._verify was not built (no C compiler at install): payloads are "
@@ -399,7 +390,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._submit_batches(j, force=not any(x.batches for x in active))
         progressed = False
         if any(j.batches for j in active):
-            self.store.engine.poll(0)  # one reap for every batch: `done` below makes no system call
+            self.store.poll(0)  # one reap for every batch: `done` below makes no system call
         # Any finished batch, not only the oldest: the disk completes deep queues out of order,
         # and a batch left waiting behind another adds its verify and copy to the tail.  `done`
         # hands each batch whose reads are back to verification: every batch is asked before any
@@ -492,14 +483,12 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
-        pool, per_key = self.store.pool, self._chunk_extent_bytes
         while j.pos < len(j.keys):
-            # A lease is one run of the pool: with batches of other sizes released out of order, its
-            # free bytes may lie in runs each too short, and a batch sized by them failed its chunks.
-            room = pool.largest_free
-            n = min(len(j.keys) - j.pos, max(1, room // per_key), max(1, self.max_batch_bytes // per_key))
-            if room < per_key and not (force and not j.batches):
-                return
+            n = self.store.batch_len(len(j.keys) - j.pos, self._chunk_extent_bytes, self.max_batch_bytes)
+            if not n:
+                if not (force and not j.batches):
+                    return
+                n = 1  # the pool is held by other jobs' batches: this one tries, or fails its chunk
             start, end = j.pos, j.pos + n
             j.pos = end
             try:
@@ -605,13 +594,13 @@ class KVSwarmTierManager(SecondaryTierManager):
         """Once a drive has failed (seen in the count of healthy drives: a few attribute reads a step), delete
         the chunks with an extent on it, so that lookups miss on them rather than schedule loads that fail
         and recompute; the policy shrinks to the drives left."""
-        healthy = sum(d.healthy for d in self.store.drives)
+        healthy = sum(self.store.drive_health())
         if healthy == self._healthy:
             return
         self._healthy = healthy  # first: a drop that raises is not retried every step (failed loads delete)
         dropped = self.store.drop_unreadable()
         log.warning("kvswarm tier: %d of %d drives healthy; forgot the %d chunks on the failed ones", healthy,
-                    len(self.store.drives), len(dropped))
+                    self.store.num_drives, len(dropped))
         self._evict(self.residency.drop(dropped, self._capacity_chunks()))
 
     def _delete_digest(self, digest: bytes) -> bool:

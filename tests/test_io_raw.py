@@ -1,4 +1,4 @@
-"""The raw baselines (kvswarm.bench.raw): which tuning sample of a setting counts, and reads into buffers of
+"""The raw baselines (kvswarm.io.raw): which tuning sample of a setting counts, and reads into buffers of
 their own."""
 
 import mmap
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from kvswarm.bench.raw import run_threads, run_uring, tune_passes
-from kvswarm.io.base import Op, uring_available
+from kvswarm.io.raw import run_threads, run_uring, tune_passes
+from kvswarm.io import Op, uring_available
 
 
 def _sampler(samples: dict[str, list[float]], order: list[str]):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from kvswarm.sim.devices import DriveModel, LinkModel, pcie_link
+from kvswarm.sim.devices import DriveSpec, LinkModel, pcie_link
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,8 +81,8 @@ class DriveType:
     def price_usd(self) -> float:
         return self.price_usd_per_tb * self.capacity_tb
 
-    def model(self) -> DriveModel:
-        return DriveModel(self.key, self.read_gbps * 1e9, self.write_gbps * 1e9, self.read_iops, self.write_iops,
+    def model(self) -> DriveSpec:
+        return DriveSpec(self.key, self.read_gbps * 1e9, self.write_gbps * 1e9, self.read_iops, self.write_iops,
                           self.read_latency_us * 1e-6, self.write_latency_us * 1e-6, self.queue_depth, self.kind)
 
 
@@ -150,7 +150,10 @@ class Economics:
 
 
 @dataclass
-class Catalog:
+class HardwareCatalog:
+    """The drives, DRAM, links and GPUs a plan may mix, with their economics (not the store's key
+    catalog, :class:`kvswarm.catalog.Catalog`)."""
+
     path: str
     economics: Economics
     drives: dict[str, DriveType] = field(default_factory=dict)
@@ -175,7 +178,7 @@ def default_catalog_path() -> Path:
     return Path(str(resources.files("kvswarm") / "data" / "hardware.toml"))
 
 
-def load_catalog(path: str | Path | None = None) -> Catalog:
+def load_catalog(path: str | Path | None = None) -> HardwareCatalog:
     """Parse and validate a catalog file (default: the shipped one)."""
     p = Path(path) if path is not None else default_catalog_path()
     try:
@@ -187,11 +190,11 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
     return parse_catalog(raw, str(p))
 
 
-def parse_catalog(raw: dict, where: str = "<catalog>") -> Catalog:
+def parse_catalog(raw: dict, where: str = "<catalog>") -> HardwareCatalog:
     econ = raw.get("economics")
     if not isinstance(econ, dict):
         raise CatalogError(f"{where}: missing [economics] table")
-    cat = Catalog(where, Economics(**_check(where, "economics", econ, _ECONOMICS)))
+    cat = HardwareCatalog(where, Economics(**_check(where, "economics", econ, _ECONOMICS)))
     for section, cls in _TYPES.items():
         entries = raw.get(section)
         if not isinstance(entries, dict) or not entries:

@@ -1,11 +1,11 @@
-"""Raw O_DIRECT load generators, the fio-like baselines of the benchmarks.
+"""Raw O_DIRECT load generators: the fio-like baselines the benchmarks and the testbed measure with.
 
 Two ways to drive the disk as hard as a program can: ``threads`` workers each issuing
 ``os.preadv``/``os.pwritev`` back to back, and one ``io_uring`` ring kept at a fixed
 queue depth.  Both walk a list of (drive, offset) I/Os of one size, in the given
 order, for a fixed time or until the list is done; neither verifies anything.  Where
 the drives are emulated in user space, each I/O first waits for its drive model
-(:class:`kvswarm.io.throttle.DriveModel`), as the store's I/O does.
+(:class:`kvswarm.io.throttle.DrivePacer`), as the store's I/O does.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TypeVar
 from kvswarm.buffers import BufferPool
 from kvswarm.format import ALIGN
 from kvswarm.io.base import Op
-from kvswarm.io.throttle import DriveModel
+from kvswarm.io.throttle import DrivePacer
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ def _buffers(nbytes: int, fill: bytes = b"") -> BufferPool:
 
 
 def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, threads: int,
-                seconds: float, models: Sequence[DriveModel] | None = None,
+                seconds: float, models: Sequence[DrivePacer] | None = None,
                 deliver: Callable[[int, memoryview], None] | None = None,
                 into: Sequence[memoryview] | None = None) -> RawResult:
     """``threads`` workers share ``ios`` (drive, offset) and issue one blocking preadv/pwritev each.
@@ -130,7 +130,7 @@ def run_threads(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, o
 
 
 def run_uring(fds: Sequence[int], ios: Sequence[tuple[int, int]], size: int, op: Op, depth: int,
-              seconds: float, models: Sequence[DriveModel] | None = None,
+              seconds: float, models: Sequence[DrivePacer] | None = None,
               into: Sequence[memoryview] | None = None) -> RawResult:
     """One io_uring kept ``depth`` I/Os deep over all drives (``into``: as for :func:`run_threads`)."""
     from kvswarm.io.uring import make_ring
