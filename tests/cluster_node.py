@@ -109,6 +109,12 @@ class NodeServer:
         mc.close()
         return {"rc": rc}
 
+    def metrics(self) -> dict:
+        """This node's cluster counters in the prometheus exposition format."""
+        from prometheus_client import generate_latest
+
+        return {"text": generate_latest(self.tm.cluster.registry()).decode()}
+
     def stats(self) -> dict:
         return self.tm.stats()["cluster"] | {"healthy": self.tm.cluster.healthy()}
 

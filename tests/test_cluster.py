@@ -51,6 +51,10 @@ def test_decode_node_reads_what_prefill_node_published(cluster, tmp_path):
     assert got["served"] == 40 and got["wrong"] == 0 and set(got["tiers"]) == {"ssd"}
     # never published: a miss everywhere
     assert b.call("get", seed=2, n=5)["served"] == 0
+    text = b.call("metrics")["text"]
+    assert 'kvswarm_cluster_fetched_blocks_total{node="' in text
+    fetched = [ln for ln in text.splitlines() if ln.startswith("kvswarm_cluster_fetched_blocks_total")]
+    assert float(fetched[0].rsplit(" ", 1)[1]) == 40
 
 
 def test_flipped_bit_in_the_cluster_is_a_miss(cluster, tmp_path):
