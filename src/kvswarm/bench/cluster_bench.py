@@ -410,7 +410,8 @@ def part_flushed(args, root: Path, out: dict) -> None:
                       "mooncake_offload": mc | {"master_flags": "--enable_offload=true --offload_on_evict=true"},
                       "kvswarm": {"readable": readable, "put_s": put_s, "read_gbps": nbytes / get_s / 1e9,
                                   "served_from": tiers, "wrong_bytes": wrong}}
-    out["summary"] |= {"flushed_readable_kvswarm": readable / n, "flushed_readable_mooncake_offload": mc["readable"] / n,
+    out["summary"] |= {"flushed_readable_kvswarm": readable / n,
+                       "flushed_readable_mooncake_offload": mc["readable"] / n,
                        "flushed_read_gbps_kvswarm": nbytes / get_s / 1e9,
                        "flushed_read_gbps_mooncake_offload": mc["read_gbps"]}
     out["wrong_bytes"] += wrong + mc["wrong"] * size
@@ -427,7 +428,8 @@ def part_restart(args, root: Path, out: dict) -> None:
     p = None
     try:
         p = _helper("restart", {"blocks": n, "block": block, "dir": str(root / "restart"),
-                                "segment": n * (block + 64) * 3 // 2 + 64 * MiB, "ssd_bytes": n * 4096 * 5 // 4 + 64 * MiB,
+                                "segment": n * (block + 64) * 3 // 2 + 64 * MiB,
+                                "ssd_bytes": n * 4096 * 5 // 4 + 64 * MiB,
                                 "timeout": 600})
         ready = _reply(p)
         m.stop(kill=True)

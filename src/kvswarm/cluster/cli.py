@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
                           log_path=args.log).start()
         master = f"etcd://{args.etcd}" if args.etcd else m.address
         print(f"master on {m.address} (metrics on {args.host}:{args.metrics_port}); join with:")
-        print(f'  "cluster": {json.dumps({"master": master, "metadata": "P2PHANDSHAKE", "protocol": "tcp", "local_hostname": args.host})}')
+        join = {"master": master, "metadata": "P2PHANDSHAKE", "protocol": "tcp", "local_hostname": args.host}
+        print(f'  "cluster": {json.dumps(join)}')
         print("Ctrl-C stops it.", flush=True)
         try:
             while m.proc is not None and m.proc.poll() is None:

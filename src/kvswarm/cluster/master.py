@@ -114,8 +114,8 @@ class EtcdProcess:
             raise ClusterError("etcd not found: scripts/setup.sh installs Debian's etcd-server")
         url, peer = f"http://{host}:{port}", f"http://{host}:{peer_port}"
         self.wrapped = bool(wrap)
-        self.args = [*(wrap or []), binary, "--data-dir", str(data_dir), "--listen-client-urls", url, "--advertise-client-urls",
-                     url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        self.args = [*(wrap or []), binary, "--data-dir", str(data_dir), "--listen-client-urls", url,
+                     "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                      "--initial-cluster", f"default={peer}", "--name", "default"]
         self.proc: subprocess.Popen | None = None
 
