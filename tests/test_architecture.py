@@ -99,17 +99,13 @@ def bench_importers() -> set[str]:
             and not (mod == "kvswarm.bench" or mod.startswith("kvswarm.bench."))}
 
 
-# Owned by another change in flight: the demo opens its drives through the sparse benchmark's
-# open_drives until it uses kvswarm.testbed.  Listed here so that any *other* importer fails now.
 DEMO = "kvswarm.demo"
 
 
 def test_nothing_outside_bench_imports_bench():
-    assert bench_importers() - {DEMO} == set()
+    assert bench_importers() == set()
 
 
-@pytest.mark.xfail(strict=True, reason="src/kvswarm/demo.py imports kvswarm.bench.sparse_bench (open_drives, "
-                                       "store_bytes_needed) until the demo gets its drives from kvswarm.testbed")
 def test_demo_does_not_import_bench():
     assert DEMO not in bench_importers()
 
@@ -157,17 +153,6 @@ def test_module_level_imports_form_no_cycle():
     assert cycles(deferred=False) == []
 
 
-# Owned by another change in flight: planner/cli.py imports scale.py and validate.py, which import
-# argument helpers back from cli.py inside functions (they move to planner/args.py).
-PLANNER = ["kvswarm.planner.cli", "kvswarm.planner.scale", "kvswarm.planner.validate"]
-
-
-def test_no_cycle_with_deferred_imports_but_the_planner_one():
-    assert [c for c in cycles(deferred=True) if c != PLANNER] == []
-
-
-@pytest.mark.xfail(strict=True, reason="src/kvswarm/planner/cli.py <-> scale.py/validate.py import each other "
-                                       "(deferred) until the shared argument helpers move to planner/args.py")
 def test_no_cycle_with_deferred_imports():
     assert cycles(deferred=True) == []
 

@@ -134,6 +134,7 @@ def test_a_failed_journal_write_leaves_no_torn_record_and_loses_nothing(tmp_path
     whole record, the records stay pending, the sync that was to make them durable says so, and the
     next one puts them all down once."""
     import kvswarm.catalog as catalog_mod
+    from kvswarm.errors import MetadataError
 
     cat = Catalog(str(tmp_path))
     keys = [i.to_bytes(16, "little") for i in range(5000)]
@@ -149,7 +150,7 @@ def test_a_failed_journal_write_leaves_no_torn_record_and_loses_nothing(tmp_path
     monkeypatch.setattr(catalog_mod.os, "write", full_disk)
     cat.put_many(list(zip(keys, entries)))  # 5000 records: written out at once, which fails
     assert calls and cat.get(keys[-1]) == entries[-1]  # applied in memory, as the pending records say
-    with pytest.raises(OSError):
+    with pytest.raises(MetadataError, match="journal .*No space left"):  # names the file and the cause
         cat.sync()
     assert os.path.getsize(os.path.join(str(tmp_path), JOURNAL)) < 1000  # cut back: no torn record
     monkeypatch.setattr(catalog_mod.os, "write", real_write)

@@ -36,12 +36,45 @@ def test_replay_tiers_vs_one_drive_lru(tmp_path):
 
 
 def test_cli_quick_trace_only_writes_summary_and_plot(tmp_path):
-    out = tmp_path / "r.json"
+    out, small = tmp_path / "r.json", tmp_path / "small.json"
     assert main(["bench", "prefix", "--quick", "--skip-ttft", "--requests", "150", "--sizes", "0.1",
-                 "--json", str(out), "--dir", str(tmp_path)]) == 0
-    s = json.loads(out.read_text())["summary"]
+                 "--json", str(out), "--summary", str(small), "--dir", str(tmp_path)]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
     assert {"trace_hit_rate", "trace_ideal_hit_rate", "trace_lru_1drive_hit_rate"} <= s.keys()
     assert (tmp_path / "r_hit_rate.png").stat().st_size > 0
+    # Equal SSD size and equal cost, both ways, every configuration priced from the catalog.
+    runs = {r["family"]: r for r in doc["trace"]["runs"]}
+    assert set(runs) == {"lru-1drive", "kvswarm", "lru-1drive-samecost", "kvswarm-samecost"}
+    block_usd = doc["trace"]["cost_block_bytes"] / 1e9 * doc["trace"]["prices"]["ssd_usd_per_gb"]
+    assert runs["lru-1drive-samecost"]["cost_usd"] == pytest.approx(runs["kvswarm"]["cost_usd"], abs=block_usd)
+    assert runs["kvswarm-samecost"]["cost_usd"] <= runs["lru-1drive"]["cost_usd"] * 1.001
+    assert runs["kvswarm"]["cost_vs_lru_1drive"] == pytest.approx(s["trace_cost_kvswarm_vs_lru_1drive"])
+    assert s["trace_lru_equal_cost_hit_rate"] == runs["lru-1drive-samecost"]["hit_rate"]["total"]
+    assert s["trace_hit_rate_vs_lru_equal_cost"] == pytest.approx(
+        s["trace_hit_rate"] / s["trace_lru_equal_cost_hit_rate"])
+    assert s["trace_kvswarm_at_lru_cost_hit_rate"] == runs["kvswarm-samecost"]["hit_rate"]["total"]
+    assert "trace_hit_rate_equal_cost_kvswarm_vs_lru" in s
+    assert all(v for v in doc["trace"]["prices"]["sources"].values())
+    kept = json.loads(small.read_text())
+    assert kept["summary"] == s and set(kept) == {"command", "date", "settings", "summary"}
+    assert kept["settings"]["prices"] == doc["trace"]["prices"] and "runs" not in kept["settings"]
+
+
+def test_prices_come_from_the_catalog_and_ttft_is_blended_by_tier_shares():
+    from kvswarm.bench.prefix_cost import Prices, modelled_ttft
+    from kvswarm.planner.hardware import load_catalog
+
+    p, cat = Prices.from_catalog(), load_catalog()
+    assert p.dram_usd_per_gb == cat.dram["ddr5"].price_usd_per_gb
+    assert p.ssd_usd_per_gb == cat.drives["pm9a3"].price_usd_per_tb / 1000
+    assert p.hdd_usd_per_gb == cat.drives["exos_x20"].price_usd_per_tb / 1000
+    assert cat.drives["pm9a3"].price_source in p.sources["ssd"]
+    assert p.cost(1, 2, 3, 10**9) == pytest.approx(p.dram_usd_per_gb + 2 * p.ssd_usd_per_gb + 3 * p.hdd_usd_per_gb)
+    assert p.ssd_blocks_for(p.cost(0, 100, 0, 4096), 4096) in (99, 100)
+    ttft = {"dram": 0.1, "ssd": 0.2, "capacity": 0.5, "recompute": 2.0}
+    assert modelled_ttft({"dram": 0.1, "ssd": 0.2, "capacity": 0.1, "total": 0.4}, ttft) == pytest.approx(
+        0.01 + 0.04 + 0.05 + 0.6 * 2.0)
 
 
 @pytest.mark.parametrize("write", ["write-through", "write-back", "selective:2"])

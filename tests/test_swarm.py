@@ -352,7 +352,7 @@ def test_swarm_sequence_dram_cache_and_prefetch(store):
 
 # ---- the benchmark machinery on a small synthetic capture --------------------------------------
 def synthetic_capture(layers: int = 2, t: int = 160, steps: int = 12, seed: int = 0):
-    from kvswarm.swarm.capture import DecodeCapture
+    from kvswarm.bench.capture import DecodeCapture
 
     g = np.random.default_rng(seed)
     f = lambda *s: g.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -362,27 +362,44 @@ def synthetic_capture(layers: int = 2, t: int = 160, steps: int = 12, seed: int 
 
 
 def test_bench_strategies_estimate_and_replay(store):
+    from kvswarm.bench.experiment import CACHE_POLICIES, TextData, default_strategies
     from kvswarm.bench.swarm_bench import TextRun, estimate, interp_io, replay, write_sequence
-    from kvswarm.swarm.experiment import TextData, build_pq, default_strategies
 
     td = TextData(synthetic_capture(), "synthetic", profile_steps=6)
-    run = TextRun(td, build_pq(td))
-    strategies = default_strategies({"size": 8})
+    run = TextRun(td)
+    strategies = default_strategies({"kvswarm": {"size": 8}, "token": {"block": 2}})
     by = {s.name: s for s in strategies}
     model = DriveModel(40e6, 2000)
     steps = range(6, 10)
     written: dict = {}
     for st in strategies:
-        sel, est = estimate(run, st, by, 0.2, steps, 3, model, 0.05)
-        assert 0 < sel.recall.mean() <= 1 and est["io_ms"] > 0 and est["reads_per_step"] > 0
-        seq, _ = write_sequence(store, run, st, 3, model, 0.05, written)
-        r = replay(seq, sel, model)
-        assert len(r.io_s) == len(steps) - 1 and (r.io_s > 0).all() and (r.model_s > 0).all()
-        assert r.nbytes.sum() > 0
+        for pol in CACHE_POLICIES:
+            for warm in (False, True):
+                v = st.variant(pol, warm)
+                est = estimate(run, v, by, 0.2, steps, 3, model, 0.05)
+                assert 0 < est["recall"] <= 1 and est["io_ms"] > 0 and est["reads_per_step"] > 0
+                sel = run.select(v, by, 0.2, steps)
+                seq, _ = write_sequence(store, run, v, 3, model, 0.05, written)
+                r = replay(seq, sel, model, td)
+                assert len(r.io_s) == len(steps) - 1 and (r.io_s > 0).all() and (r.model_s > 0).all()
+                assert r.nbytes.sum() > 0
+                # every entry fetched is attended: recall never below the selection's own
+                assert (r.recall >= sel.recall[1:].mean(1) - 1e-9).all()
     # strategies that share a layout share the stored sequence
-    assert len(written) == 5  # token, blocks (= raid0), kmeans, swarm (+ ablations), kvswarm
+    assert len(written) == 5  # token (2-token pages), blocks (= raid0's 16-token stripe), kmeans, swarm, kvswarm
     assert interp_io([(0.5, 10.0), (0.9, 40.0)], 0.7)[0] == pytest.approx(20.0)
     assert interp_io([(0.5, 10.0), (0.6, 40.0)], 0.7)[1].startswith("not reached")
+
+
+def test_per_layer_lru_keeps_each_layer_within_its_share():
+    from kvswarm.swarm.cache import PerLayerLRU
+
+    pol = PerLayerLRU(30, layers=3)  # 10 entries per layer
+    for p in range(8):
+        pol.insert((0, p), 4)  # layer 0 alone churns through its own share
+    pol.insert((1, 0), 6)
+    assert (1, 0) in pol and len(pol) == 8 + 6 and pol.fits((2, 0), 10) and not pol.fits((1, 1), 5)
+    assert pol.insert((2, 0), 11) == [(2, 0)]  # larger than a layer's share: never resident
 
 
 def test_preloaded_cache_serves_from_dram_after_load(store):
@@ -414,11 +431,11 @@ def test_layer_allocation_gives_concentrated_layers_less():
 
 
 def test_warm_cache_takes_the_profile_hottest_pieces():
-    from kvswarm.swarm.experiment import TextData, build_layouts, make_cache, position_blocks
-    from kvswarm.swarm.experiment import default_strategies
+    from kvswarm.bench.experiment import TextData, build_layouts, make_cache, position_blocks
+    from kvswarm.bench.experiment import default_strategies
 
     td = TextData(synthetic_capture(), "synthetic", profile_steps=6)
-    st = next(s for s in default_strategies() if s.name == "kvswarm")
+    st = next(s for s in default_strategies() if s.name == "kvswarm").variant("cost_benefit", True)
     model = DriveModel(40e6, 2000)
     eb = 2 * 3 * 64 * 4
     blocks = position_blocks(td, 8)
@@ -432,8 +449,9 @@ def test_warm_cache_takes_the_profile_hottest_pieces():
         dens = np.array([share[:, layer, p.positions - td.base].mean(0).sum() / len(p.positions) for p in lay.pieces])
         if held.any() and (~held).any():  # every cached piece is at least as hot as the hottest left out
             assert dens[held].min() >= np.sort(dens[~held])[-1] - 1e-9 or len(cache.policy) + 8 > cap
-    cold = next(s for s in default_strategies() if s.name == "kvswarm_cold")
-    assert len(make_cache(cold, cap, lays, model, eb, td).policy) == 0
+    assert len(make_cache(st.variant("cost_benefit", False), cap, lays, model, eb, td).policy) == 0
+    lru = make_cache(st.variant("per_layer_lru", True), cap, lays, model, eb, td)
+    assert 0 < len(lru.policy) <= cap and all(len(p) <= cap // td.layers for p in lru.policy.parts)
 
 
 def test_store_sequence_keeps_replicas_as_page_copies(store):
@@ -660,8 +678,8 @@ def test_balanced_replication_needs_activity():
 
 
 def test_cluster_cache_key_covers_geometry_and_profile(tmp_path, monkeypatch):
-    from kvswarm.swarm import capture
-    from kvswarm.swarm.experiment import TextData, coactivation_clusters
+    from kvswarm.bench import capture
+    from kvswarm.bench.experiment import TextData, coactivation_clusters
 
     monkeypatch.setattr(capture, "capture_dir", lambda: tmp_path)
     cap = synthetic_capture()

@@ -9,8 +9,8 @@ import torch
 
 from kvswarm.offload import MemorySequence, OffloadedKVCache, decode
 from kvswarm.store import KVStore, StoreConfig
-from kvswarm.swarm.capture import record
-from kvswarm.swarm.experiment import TextData, build_layouts, coactivation_clusters, default_strategies
+from kvswarm.bench.capture import record
+from kvswarm.bench.experiment import TextData, build_layouts, coactivation_clusters, default_strategies
 from kvswarm.swarm.index import ClusterSelector
 from kvswarm.swarm.layout import SwarmPlacement
 from kvswarm.swarm.retrieval import DriveModel

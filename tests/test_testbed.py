@@ -132,25 +132,33 @@ def test_store_runs_on_loop_devices_and_the_kernel_caps_bind_it(backend):
 
 
 @needs_kernel
-def test_settle_keeps_every_drive_reading_for_its_time():
-    """`bench vllm`'s Settle: every throttled drive reads for the whole span, so a timed restore
-    that follows starts without the credit the throttle gives a drive that sat idle."""
-    from kvswarm.bench.vllm_bench import Settle
+def test_credit_drain_keeps_every_drive_reading_and_leaves_no_credit():
+    """The drain every timed benchmark step follows: every throttled drive reads for the whole
+    span, and a read timed right after an idle gap plus a drain goes no faster than the cap."""
+    import mmap
 
     def reads(dev: str) -> int:
         with open(f"/sys/block/{os.path.basename(dev)}/stat") as f:
             return int(f.read().split()[0])
 
     with Testbed(drives=2, drive_bytes=64 * MiB, caps=DriveCaps(read_mbps=50), mode=KERNEL) as tb:
-        settle = Settle(list(tb.paths), seconds=0.2)
-        try:
+        with tb.drain(0.2) as drain:
             before = [reads(p) for p in tb.paths]
             t0 = time.perf_counter()
-            settle()
+            drain()
             assert time.perf_counter() - t0 >= 0.2
-            assert all(reads(p) - b >= 5 for p, b in zip(tb.paths, before))  # 1 MiB reads at 50 MB/s
-        finally:
-            settle.close()
+            assert all(reads(p) - b >= 20 for p, b in zip(tb.paths, before))  # 128 KiB reads at 50 MB/s
+            fd = os.open(tb.paths[0], os.O_RDONLY | os.O_DIRECT)
+            buf = mmap.mmap(-1, 4 * MiB)
+            try:
+                time.sleep(0.3)  # idle: the throttle would grant this as credit
+                drain()
+                t0 = time.perf_counter()
+                os.preadv(fd, [buf], 8 * MiB)
+                assert 4 * MiB / (time.perf_counter() - t0) <= 50e6 * 1.1
+            finally:
+                os.close(fd)
+                buf.close()
 
 
 def test_cleanup_on_exception_and_of_dead_processes(tmp_path):

@@ -574,3 +574,25 @@ def test_a_hit_whose_promotion_fails_still_gives_back_its_pins_and_buffers(tmp_p
         hit.release()
         serve(tm, ks)  # right bytes (the director counted the promotion as done: the blocks are recomputed)
         assert len(serve(tm, ks)) == 6
+
+
+def test_keys_and_payloads_of_the_wrong_size_are_refused(tmp_path):
+    """A 14-byte key was taken silently: its block header could not carry it, so the block missed
+    once it left DRAM.  Every entry point refuses it, and a refused insert stores nothing."""
+    from kvswarm.errors import ConfigError
+
+    tm = manager(tmp_path)
+    ks = keys_of(7, 2)
+    with pytest.raises(ConfigError, match="16 bytes"):
+        tm.insert([ks[0][:14]], [payload(ks[0])])
+    with pytest.raises(ConfigError, match="16 bytes"):
+        tm.lookup([ks[0] + b"xx"])
+    with pytest.raises(ConfigError, match="16 bytes"):
+        tm.evict(["not bytes"], Tier.DRAM)
+    with pytest.raises(ConfigError, match="B"):
+        tm.insert([ks[0]], [payload(ks[0])[:-1]])
+    with pytest.raises(ConfigError, match="payloads"):
+        tm.insert(ks, [payload(ks[0])])
+    assert tm.director.resident(Tier.DRAM) == 0
+    assert serve(tm, ks) == []  # the right keys go in and come back
+    assert serve(tm, ks) == [Tier.DRAM, Tier.DRAM]

@@ -78,3 +78,21 @@ def test_record_trace_from_the_real_model(lm, tmp_path):
     for _, _, ids in t:
         assert len(ids) == budget and ids.min() >= 4 and ids.max() < 112
     assert np.all((t.mass > 0) & (t.mass < 1)) and len(t.meta["generated_ids"]) == 3
+
+
+@pytest.mark.model
+def test_trace_of_a_users_text_file(lm, tmp_path):
+    from kvswarm.cli import build_parser
+    from kvswarm.corpus import file_source
+    from kvswarm.traces import record_traces
+
+    text = tmp_path / "notes.txt"
+    text.write_text("\n\n".join(f"Note {i}: drives fail, caches warm, entry {i} stays." for i in range(60)),
+                    encoding="utf-8")
+    args = build_parser().parse_args(["trace", str(tmp_path / "out"), "--text-file", str(text)])
+    assert args.text_file == [str(text)]
+    (path,) = record_traces(tmp_path / "out", tokens=96, steps=2, count=1, sources=[file_source(text)], window=16,
+                            lm=lm)
+    assert path.name == "trace-notes-96t-2s-seed0.npz"
+    t = load_trace(path)
+    assert t.steps == 2 and t.meta["source"] == "file:" + str(text.resolve())

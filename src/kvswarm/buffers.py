@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
-from kvswarm.errors import KVSwarmError
+from kvswarm.errors import ConfigError, KVSwarmError
 from kvswarm.format import ALIGN, align_up
 
 if TYPE_CHECKING:
@@ -120,7 +120,10 @@ class BufferPool:
     def __init__(self, capacity: int) -> None:
         capacity = align_up(max(capacity, ALIGN))
         # The mapping is a whole number of huge pages; leases stay within ``capacity``.
-        self._mmap = mmap.mmap(-1, align_up(capacity, HUGE_PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._mmap = mmap.mmap(-1, align_up(capacity, HUGE_PAGE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, OverflowError) as e:
+            raise ConfigError(f"cannot map a buffer pool of {capacity} B: {e}") from e
         # Transparent huge pages: an O_DIRECT read into scattered 4 KiB pages needs one DMA
         # segment per page, and a device with few segments per request (virtio: 254) splits a
         # 1 MiB read into two requests; physically contiguous 2 MiB pages doubled 1-2 MiB read

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import struct
 import threading
@@ -31,9 +32,10 @@ import numpy as np
 import xxhash
 from numpy.lib.stride_tricks import sliding_window_view
 
-from kvswarm.errors import KVSwarmError
+from kvswarm.errors import KVSwarmError, MetadataError
 from kvswarm.format import HEADER_SIZE
 
+log = logging.getLogger(__name__)
 JOURNAL = "catalog.journal"
 CHECKPOINT = "catalog.ckpt"
 _JHDR = struct.Struct("<8sQ")  # magic, epoch
@@ -106,8 +108,10 @@ def _row_extents(rows: np.ndarray) -> ExtentTable:
                        rows["length"], rows["csum"], rows["payload_len"], rows)
 
 
-class CatalogCorrupt(KVSwarmError):
-    """The checkpoint file fails its checksum (the journal alone cannot rebuild it)."""
+class CatalogCorrupt(MetadataError):
+    """The checkpoint or journal is missing, fails its checksum or does not continue the other: the
+    catalog cannot be trusted to hold every flushed object, so the store refuses to open (nothing
+    is rewritten; ``kvswarm fsck`` rebuilds the catalog from the drives)."""
 
 
 @contextlib.contextmanager
@@ -134,6 +138,55 @@ def _encode(op: int, digest: bytes, e: Entry | None, _rec=_REC.pack, _ext=_EXT.p
     return body + _crc(_h32(body))
 
 
+def _record_end(data: bytes, pos: int) -> int | None:
+    """Where the journal record at ``pos`` ends, if a whole, valid one starts there."""
+    if pos + _REC.size + _CRC.size > len(data):
+        return None
+    ln = _CRC.unpack_from(data, pos)[0]
+    if ln < _REC.size + _CRC.size or pos + ln > len(data):
+        return None
+    return pos + ln if xxhash.xxh32_intdigest(data[pos:pos + ln - 4]) == _CRC.unpack_from(data, pos + ln - 4)[0] \
+        else None
+
+
+def holds_nothing(meta_dir: str) -> bool:
+    """``meta_dir`` has no checkpoint and no journal record: no object was ever recorded there (what an
+    open that died while making a new store leaves)."""
+    jp = os.path.join(meta_dir, JOURNAL)
+    if os.path.exists(os.path.join(meta_dir, CHECKPOINT)):
+        return False
+    if not os.path.exists(jp):
+        return True
+    with open(jp, "rb") as f:
+        data = f.read(_JHDR.size + 1)
+    return data == _JHDR.pack(_J_MAGIC, 0)  # the first epoch's journal, without a record
+
+
+_MIN_REC, _MAX_REC = _REC.size + _CRC.size, _REC.size + 0xFFFF * _EXT.size + _CRC.size
+
+
+def _damaged_at(data: bytes, end: int, window: int = 1 << 20) -> bool:
+    """The bad record at ``end`` is damage, not a torn tail: a whole, valid record follows it.  A crash
+    mid-append leaves only part of one record at the end; a bit flipped in a record (its length
+    field too) leaves the records after it intact.  Looked for at every byte after ``end`` whose
+    length and op fields are plausible (numpy, a window at a time), then by its CRC."""
+    n = len(data)
+    for at in range(end + 1, n - _MIN_REC + 1, window):
+        b = np.frombuffer(data, np.uint8, count=min(window + 4, n - at), offset=at)
+        m = len(b) - 4
+        if m <= 0:
+            break
+        ln = b[:m].astype(np.uint32) | b[1:m + 1].astype(np.uint32) << 8 | b[2:m + 2].astype(np.uint32) << 16 \
+            | b[3:m + 3].astype(np.uint32) << 24
+        op = b[4:m + 4]
+        pos = np.arange(at, at + m)
+        cand = np.flatnonzero((ln >= _MIN_REC) & (ln <= _MAX_REC) & ((op == OP_PUT) | (op == OP_DEL))
+                              & (pos + ln <= n))
+        if any(_record_end(data, at + int(c)) is not None for c in cand.tolist()):
+            return True
+    return False
+
+
 class Entries(Mapping[bytes, Entry]):
     """Read-only mapping view digest -> :class:`Entry` (built on access) over a catalog."""
 
@@ -156,8 +209,12 @@ class Entries(Mapping[bytes, Entry]):
 
 
 class Catalog:
-    def __init__(self, meta_dir: str, checkpoint_every: int = 500_000, follow: bool = False) -> None:
+    def __init__(self, meta_dir: str, checkpoint_every: int = 500_000, follow: bool = False,
+                 create: bool = True) -> None:
+        """``create=False``: the catalog must exist (a store's manifest says it was made): a missing
+        journal is an error, not a new empty catalog."""
         self.meta_dir = meta_dir
+        self.create = create
         self.checkpoint_every = checkpoint_every
         self.follow = follow
         self._lock = threading.Lock()
@@ -173,9 +230,18 @@ class Catalog:
         # follow: the journal being applied, kept open: after the writer's checkpoint has replaced
         # it, its last records are still read from here, and its inode number cannot be reused
         self._follow_fd = -1
-        self._load()
-        if not follow:
-            self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
+        self._closed = False
+        try:
+            self._load()
+            if not follow:
+                self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
+        except OSError as e:
+            self._keep_journal(-1)
+            raise MetadataError(f"cannot open the catalog in {meta_dir}: {e.strerror} "
+                                f"({e.filename or meta_dir})") from e
+        except BaseException:
+            self._keep_journal(-1)
+            raise
 
     def _clear(self) -> None:
         """The empty table (the index is cleared in place: callers hold live views of its keys)."""
@@ -245,8 +311,11 @@ class Catalog:
             if attempt:
                 time.sleep(0.01)
                 self._clear()
+            self._mismatch = None
             if self._load_once():
                 return
+        if self._mismatch is not None:
+            raise CatalogCorrupt(self._mismatch)
 
     def _load_once(self) -> bool:
         """Checkpoint, then the journal that continues it; False: a follower read a journal of
@@ -255,7 +324,8 @@ class Catalog:
         self._keep_journal(-1)
         with _no_gc():
             ck = self._path(CHECKPOINT)
-            if os.path.exists(ck):
+            has_ckpt = os.path.exists(ck)
+            if has_ckpt:
                 self._load_checkpoint(ck)
             jp = self._path(JOURNAL)
             if os.path.exists(jp):
@@ -265,20 +335,48 @@ class Catalog:
                     kept = os.dup(f.fileno()) if self.follow else -1
                 self._journal_seen = (ino, len(data))
                 self._keep_journal(kept)
-                if len(data) >= _JHDR.size and _JHDR.unpack_from(data)[0] == _J_MAGIC \
-                        and _JHDR.unpack_from(data)[1] == self.epoch:
+                # The journal is always replaced whole (written aside, renamed): a bad header is damage.
+                if len(data) < _JHDR.size or _JHDR.unpack_from(data)[0] != _J_MAGIC:
+                    raise CatalogCorrupt(f"journal {jp} has no valid header (damaged)")
+                epoch = _JHDR.unpack_from(data)[1]
+                if epoch == self.epoch:
                     end = self._replay(data, _JHDR.size)
+                    if self.torn_tail and _damaged_at(data, end):
+                        raise CatalogCorrupt(f"journal {jp} is damaged at byte {end}: valid records follow a bad one")
                     if self.follow:  # a torn tail is the writer's append in progress: read again later
                         self._applied = end
-                    elif self.torn_tail:  # cut the torn record off, so that later appends follow a valid one
-                        with open(jp, "r+b") as f:
-                            f.truncate(end)
-                            os.fsync(f.fileno())
+                    elif self.torn_tail:
+                        self._cut_tail(jp, data, end)
                     return True
+                # Only a crash between a checkpoint's rename and the journal's reset leaves a journal of
+                # the epoch before the checkpoint's (stale: its records are in the checkpoint).  Any
+                # other epoch means a checkpoint is missing or was replaced: refuse, rewrite nothing.
+                if not (has_ckpt and epoch + 1 == self.epoch):
+                    self._mismatch = (f"journal {jp} (epoch {epoch}) does not continue "
+                                      + (f"checkpoint {ck} (epoch {self.epoch})" if has_ckpt
+                                         else f"a checkpoint: {ck} is missing"))
+                    if not self.follow:  # a follower looks again: the writer may be checkpointing
+                        raise CatalogCorrupt(self._mismatch)
+            elif has_ckpt or not self.create:
+                raise CatalogCorrupt(f"journal {jp} is missing")
             if not self.follow:
                 self._reset_journal()
                 return True
             return self._journal_seen is None  # no journal yet: the writer has not started one
+
+    def _cut_tail(self, path: str, data: bytes, end: int) -> None:
+        """Cut a torn record off the journal's end, so that later appends follow a valid one.  A crash
+        mid-append leaves one (a damaged record with valid ones after it was refused before this).  The
+        bytes cut are kept aside (``<journal>.tail-<epoch>-<offset>``)."""
+        aside = f"{path}.tail-{self.epoch}-{end}"
+        with open(aside, "wb") as f:
+            f.write(data[end:])
+            f.flush()  # out of Python's buffer before the fsync
+            os.fsync(f.fileno())
+        log.warning("journal %s: %d B of a torn last record cut off (kept in %s)", path, len(data) - end, aside)
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            os.fsync(f.fileno())
 
     def refresh(self) -> bool:
         """A following catalog: apply the records the writer has journaled since the last call;
@@ -347,6 +445,8 @@ class Catalog:
         with open(path, "rb") as f:
             head = f.read(_CHDR.size)
             body = f.read()
+        if len(head) < _CHDR.size:
+            raise CatalogCorrupt(f"checkpoint {path} is truncated ({len(head)} B, its header is {_CHDR.size} B)")
         magic, epoch, next_gen, rows, csum = _CHDR.unpack(head)
         if magic != _C_MAGIC or len(body) != rows * CKPT_DTYPE.itemsize or xxhash.xxh64_intdigest(body) != csum:
             raise CatalogCorrupt(f"checkpoint {path} is corrupt")
@@ -431,6 +531,7 @@ class Catalog:
         tmp = self._path(JOURNAL + ".tmp")
         with open(tmp, "wb") as f:
             f.write(_JHDR.pack(_J_MAGIC, self.epoch))
+            f.flush()  # out of Python's buffer before the fsync: else it reaches the disk only at close
             os.fsync(f.fileno())
         os.replace(tmp, self._path(JOURNAL))
         self._fsync_dir()
@@ -613,6 +714,14 @@ class Catalog:
             owner, drv, _, _ = self.extent_columns()
             return [self.digest_at(r) for r in np.unique(owner[np.isin(drv, list(drives))]).tolist()]
 
+    def written_since(self, generation: int, drives: Sequence[int]) -> list[bytes]:
+        """Digests of the objects of ``generation`` or later with an extent on any of ``drives``: those
+        a flush could not make durable when those drives failed it."""
+        with self._lock:
+            owner, drv, _, _ = self.extent_columns()
+            new = self._rows["generation"][owner] >= generation
+            return [self.digest_at(r) for r in np.unique(owner[new & np.isin(drv, list(drives))]).tolist()]
+
     def digest_at(self, row: int) -> bytes:
         return self._rows["digest"][row].tobytes()
 
@@ -631,6 +740,8 @@ class Catalog:
     def _write_pending(self) -> None:
         if not self._pending:
             return
+        if self._jfd < 0:  # a checkpoint could not start its journal: start it now
+            self._open_journal()
         start = os.lseek(self._jfd, 0, os.SEEK_END)
         try:
             view = memoryview(b"".join(self._pending))
@@ -646,8 +757,13 @@ class Catalog:
         if self.follow:
             return
         with self._lock:
-            self._write_pending()
-            os.fsync(self._jfd)
+            try:
+                self._write_pending()
+                if self._jfd < 0:
+                    self._open_journal()
+                os.fsync(self._jfd)
+            except OSError as e:
+                raise MetadataError(f"cannot write the catalog's journal {self._path(JOURNAL)}: {e.strerror}") from e
             due = self._records_since_ckpt >= self.checkpoint_every
         if due:
             self.checkpoint()
@@ -657,22 +773,40 @@ class Catalog:
         if self.follow:
             raise KVSwarmError("a following catalog is read-only: its writer checkpoints")
         with self._lock:
-            self._write_pending()
-            body = self._checkpoint_rows().tobytes()
-            rows = len(body) // CKPT_DTYPE.itemsize
-            epoch = self.epoch + 1
             tmp = self._path(CHECKPOINT + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(_CHDR.pack(_C_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
-                f.write(body)
-                os.fsync(f.fileno())
-            os.replace(tmp, self._path(CHECKPOINT))
-            self._fsync_dir()
-            self.epoch = epoch
-            os.close(self._jfd)
-            self._reset_journal()
-            self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
-            self._records_since_ckpt = 0
+            try:
+                self._write_pending()
+                body = self._checkpoint_rows().tobytes()
+                rows = len(body) // CKPT_DTYPE.itemsize
+                epoch = self.epoch + 1
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(_CHDR.pack(_C_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
+                        f.write(body)
+                        f.flush()  # out of Python's buffer before the fsync
+                        os.fsync(f.fileno())
+                except BaseException:  # e.g. a full disk: the old checkpoint and journal stay as they were
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                os.replace(tmp, self._path(CHECKPOINT))
+                self._fsync_dir()
+                # The new checkpoint holds everything: the old journal is stale from here on (a reopen
+                # ignores it), and the next write starts the new epoch's journal if this one cannot.
+                self.epoch = epoch
+                if self._jfd >= 0:
+                    os.close(self._jfd)
+                    self._jfd = -1
+                self._records_since_ckpt = 0
+                self._open_journal()
+            except OSError as e:
+                raise MetadataError(f"cannot write the catalog's checkpoint in {self.meta_dir}: {e.strerror} "
+                                    f"({e.filename or tmp})") from e
+
+    def _open_journal(self) -> None:
+        """Start this epoch's (empty) journal and open it for appends."""
+        self._reset_journal()
+        self._jfd = os.open(self._path(JOURNAL), os.O_WRONLY | os.O_APPEND)
 
     def _checkpoint_rows(self) -> np.ndarray:
         """One checkpoint row per extent, objects' parts consecutive: one-extent objects straight
@@ -694,7 +828,8 @@ class Catalog:
 
     def close(self) -> None:
         try:
-            if self._jfd >= 0:
+            if not self.follow and not self._closed:
+                self._closed = True
                 self.sync()  # may raise (the journal's disk failing): the fds are closed all the same
         finally:
             if self._jfd >= 0:

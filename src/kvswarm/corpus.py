@@ -1,8 +1,9 @@
 """Real text every machine has, cut into prompts of an exact token length.
 
 Sources: ``pydoc`` (``pydoc_data.topics``: the Python reference's English prose), ``man``
-(the troff sources under /usr/share/man, reduced to plain text) and ``licenses``
-(/usr/share/common-licenses).  A document concatenates source items in an order drawn
+(the troff sources under /usr/share/man, reduced to plain text), ``licenses``
+(/usr/share/common-licenses) and ``file:PATH`` (any UTF-8 text file, one item; its seed is
+ignored).  A document concatenates source items in an order drawn
 from ``seed`` until it has the requested number of tokens, so the same (source, length,
 seed) always gives the same token ids.  Tokens that follow the prompt in the same text
 are kept as a held-out continuation for teacher-forced quality measurements.
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from kvswarm.errors import BadInput
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -111,10 +114,32 @@ def available_sources() -> list[str]:
     return have
 
 
+def file_source(path: str | Path) -> str:
+    """The source name of a text file (``file:`` + its absolute path), checked to be readable UTF-8."""
+    file_text(Path(path))
+    return "file:" + str(Path(path).resolve())
+
+
+def file_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise BadInput(f"text file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise BadInput(f"text file {str(path)!r} is a directory") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"text file {str(path)!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise BadInput(f"text file {str(path)!r} cannot be read: {e.strerror}") from None
+
+
 def iter_items(source: str, seed: int) -> Iterator[tuple[str, str]]:
     """(title, text) items of ``source`` in an order drawn from ``seed`` (each item once)."""
     rng = random.Random(f"{source}:{seed}")
-    if source == "pydoc":
+    if source.startswith("file:"):
+        path = Path(source.removeprefix("file:"))
+        yield f"file:{path.name}", file_text(path)
+    elif source == "pydoc":
         items = _pydoc_items()
         rng.shuffle(items)
         yield from items
@@ -130,7 +155,7 @@ def iter_items(source: str, seed: int) -> Iterator[tuple[str, str]]:
             if len(text) > 200:
                 yield title, text
     else:
-        raise ValueError(f"unknown text source {source!r}; one of {SOURCES}")
+        raise BadInput(f"unknown text source {source!r}; one of {SOURCES} or file:PATH")
 
 
 # ---- documents ----------------------------------------------------------------------------
@@ -153,7 +178,7 @@ def make_document(tokenizer: PreTrainedTokenizerBase, n_tokens: int, seed: int =
     head, tail = chat_frame(tokenizer, instruction) if chat else ([], [])
     body_len = n_tokens - len(head) - len(tail)
     if body_len <= 0:
-        raise ValueError(f"{n_tokens} tokens cannot hold the chat frame ({len(head) + len(tail)} tokens)")
+        raise BadInput(f"{n_tokens} tokens cannot hold the chat frame ({len(head) + len(tail)} tokens)")
     need = body_len + holdout
     ids: list[int] = []
     titles = []
@@ -163,7 +188,7 @@ def make_document(tokenizer: PreTrainedTokenizerBase, n_tokens: int, seed: int =
         if len(ids) >= need:
             break
     else:
-        raise ValueError(f"source {source!r} has only {len(ids)} tokens, {need} requested")
+        raise BadInput(f"source {source!r} has only {len(ids)} tokens, {need} requested")
     return Document(source, tuple(titles), tuple(head + ids[:body_len] + tail),
                     tuple(ids[body_len:need]), chat)
 

@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from kvswarm.argtypes import check_drive_paths, non_negative_int
 from kvswarm.store import KVStore, StoreConfig
 
 
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("drives", nargs="+", help="the store's drive paths, in order")
     p.add_argument("--meta-dir", help="catalog directory (needed when every drive is a block device)")
     p.add_argument("--backend", choices=["threads", "uring"], default="threads")
-    p.add_argument("--scrub", type=int, default=None, metavar="N",
+    p.add_argument("--scrub", type=non_negative_int, default=None, metavar="N",
                    help="read and verify N random objects (0 = all) before printing")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--prometheus", action="store_true", help="print prometheus exposition text")
@@ -47,6 +48,7 @@ def drive_table(store: KVStore, seconds: float | None = None) -> Table:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import generate_latest
 
+    check_drive_paths(args.drives, args.meta_dir)
     # A follower: it writes nothing, so it is safe on a store that its engine is using right now.
     store = KVStore(StoreConfig(drives=args.drives, meta_dir=args.meta_dir, backend=args.backend, follow=True))
     try:

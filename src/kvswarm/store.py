@@ -11,10 +11,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
 import uuid
@@ -27,9 +29,17 @@ import numpy as np
 from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
-from kvswarm.catalog import Catalog, Entry, Extent, ExtentTable
-from kvswarm.drive import Drive, open_drive
-from kvswarm.errors import DriveError, DriveFull, FlushError, KVSwarmError
+from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
+from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
+from kvswarm.errors import (
+    ConfigError,
+    DriveError,
+    DriveFull,
+    DriveUnavailable,
+    FlushError,
+    KVSwarmError,
+    MetadataError,
+)
 from kvswarm.format import (
     ALIGN,
     FLAG_SECTOR_PAYLOAD,
@@ -69,6 +79,8 @@ _HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read 
 MANIFEST = "store.json"
 WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
 GiB = 1 << 30
+MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
+MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
 
 
 @dataclass
@@ -96,12 +108,55 @@ class StoreConfig:
     wrap_engine: Callable[[IOEngine], IOEngine] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.drives:
-            raise ValueError("a store needs at least one drive path")
-        if self.stripe_unit % ALIGN or self.stripe_unit <= HEADER_SIZE:
-            raise ValueError(f"stripe_unit {self.stripe_unit} must be a multiple of 4 KiB")
+        """Values that cannot work are refused here, before anything is opened or written."""
+        if isinstance(self.drives, (str, bytes)) or not self.drives:
+            raise ConfigError("a store needs a list of at least one drive path")
+        if len(set(map(os.path.abspath, self.drives))) != len(self.drives):
+            raise ConfigError(f"a drive path appears twice in {self.drives}")
+        for name, low in (("queue_depth", 1), ("stripe_unit", ALIGN), ("buffer_pool_bytes", ALIGN),
+                          ("capacity_per_drive", 2 * ALIGN), ("checkpoint_every", 1), ("error_threshold", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"StoreConfig.{name} must be an integer >= {low}, not {v!r}")
+        if self.stripe_unit % ALIGN or self.capacity_per_drive % ALIGN:
+            raise ConfigError(f"stripe_unit ({self.stripe_unit}) and capacity_per_drive "
+                              f"({self.capacity_per_drive}) must be multiples of 4 KiB")
+        if self.backend not in ("threads", "uring", "auto"):
+            raise ConfigError(f"unknown I/O backend {self.backend!r}: use 'threads', 'uring' or 'auto'")
         if self.drive_kinds is not None and len(self.drive_kinds) != len(self.drives):
-            raise ValueError("drive_kinds must name one class per drive")
+            raise ConfigError("drive_kinds must name one class per drive")
+
+
+def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stripe_unit: int) -> None:
+    """Write a store's manifest (fsynced, renamed into place): what makes ``meta_dir`` a store."""
+    path = os.path.join(meta_dir, MANIFEST)
+    m = {"format": 1, "uuid": store_uuid.hex(), "drives": [os.path.abspath(p) for p in drives],
+         "stripe_unit": stripe_unit}
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(m, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(meta_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise MetadataError(f"cannot write manifest {path}: {e.strerror}") from e
+
+
+@dataclass(frozen=True)
+class DriveHealth:
+    """A drive's state as :meth:`KVStore.health` reports it."""
+
+    index: int
+    path: str
+    healthy: bool
+    reason: str  # why it is out of service ("" while healthy)
+    full: bool = False  # ENOSPC met: no new writes until the store reopens
 
 
 @dataclass
@@ -289,11 +344,21 @@ class _Abandoned(NamedTuple):
     extents: list[Entry]  # a put's objects, never in the catalog
 
 
-def _as_bufs(obj: object) -> Bufs:
+def _as_bufs(obj: object, into: bool = False) -> Bufs:
+    """An object's bytes (``into``: a buffer to read into) as one flat view, or its Runs.  Data in a
+    strided (non-contiguous) array is stored as a copy in C order; a strided buffer cannot be read into."""
     if isinstance(obj, Runs):
         return Runs(memoryview(obj.base).cast("B"), np.ascontiguousarray(obj.off, np.int64),
                     np.ascontiguousarray(obj.lens, np.int64))  # the native worker reads them as C arrays
-    return memoryview(obj).cast("B")
+    try:
+        mv = memoryview(obj)
+    except TypeError as e:
+        raise ConfigError(f"{type(obj).__name__} is not a bytes-like object") from e
+    if not mv.c_contiguous:
+        if into:
+            raise ConfigError("a buffer to read into must be contiguous")
+        mv = memoryview(mv.tobytes())
+    return mv.cast("B")
 
 
 def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
@@ -406,47 +471,69 @@ class PutHandle(_Handle):
 class KVStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
-        for p in config.drives:
-            if not os.path.exists(p):
-                raise DriveError(f"drive path {p!r} does not exist")
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
+        for p in config.drives:
+            # A drive gone from an existing store leaves it open without that drive (see _open_drives).
+            if not os.path.exists(p) and not (meta and os.path.exists(os.path.join(meta, MANIFEST))):
+                raise DriveError(f"drive path {p!r} does not exist")
+            if os.path.exists(p) and not (os.path.isdir(p) or stat.S_ISBLK(os.stat(p).st_mode)):
+                raise DriveError(f"drive path {p!r} is neither a directory nor a block device")
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
         self.meta_dir = meta
-        if self._creates:
-            os.makedirs(meta, exist_ok=True)
+        self._prepare_meta_dir()
         self._writer_lock = -1 if config.follow else self._lock_writer()
         kinds = config.drive_kinds or ["ssd"] * len(config.drives)
         self.drives: list[Drive] = []
+        made: list[str] = []  # files this open made, removed if it fails (a new store's data files)
+        new = False
         try:
-            self.store_uuid = self._manifest(config)
-            for i, p in enumerate(config.drives):
-                self.drives.append(open_drive(i, p, self.store_uuid, config.capacity_per_drive, self._creates,
-                                              kinds[i]))
+            manifest = self._read_manifest()
+            new = manifest is None
+            if new:
+                self.store_uuid = self._unfinished_store() or uuid.uuid4().bytes
+            else:
+                self.store_uuid = manifest
+            self._open_drives(kinds, new, made)
             t0 = time.perf_counter()
-            self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow)
+            self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow, create=new)
+            if new:
+                made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
             self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
             if config.wrap_engine is not None:
                 self.engine = config.wrap_engine(self.engine)
             for d in self.drives:
-                self.engine.attach(d.index, d.fd, d.stats)
+                if d.fd >= 0:
+                    self.engine.attach(d.index, d.fd, d.stats)
             self.placement = make_placement(config.placement)
             self.pool = BufferPool(config.buffer_pool_bytes)
+            if new:  # the store exists once its manifest does: written last
+                for d in self.drives:
+                    if d.needs_format:
+                        format_drive(d, self.store_uuid)
+                self._write_manifest()
         except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
             if getattr(self, "engine", None) is not None:
                 self.engine.close()
             if getattr(self, "catalog", None) is not None:
-                self.catalog.close()
+                with contextlib.suppress(KVSwarmError, OSError):
+                    self.catalog.close()
             for d in self.drives:
                 d.close()
+            if new:  # nothing of a store that was never made stays to block the corrected retry
+                for f in made:
+                    with contextlib.suppress(OSError):
+                        os.unlink(f)
             self._unlock_writer()
             raise
         self._lock = threading.Lock()
         self._deferred: list[Entry] = []  # extents to free at the next flush
         self._written: set[int] = set()  # drives that took writes since they were last synced
         self._not_durable: set[int] = set()  # drives failed holding unsynced writes, for flush() to report
+        self._synced_gen = self.catalog.next_generation  # objects from this generation on await a flush
+        self._dropped: list[bytes] = []  # digests deleted as not durable, for flush() to report
         # quarantined: failed batches whose buffers were held back, their I/O not confirmed over
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
                          "quarantined": 0}
@@ -458,7 +545,11 @@ class KVStore:
         and interleave their journals.  The kernel drops the lock when the process dies."""
         if not self._creates and not os.path.exists(os.path.join(self.meta_dir, MANIFEST)):
             raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")  # leave no lock file
-        fd = os.open(os.path.join(self.meta_dir, WRITER_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        path = os.path.join(self.meta_dir, WRITER_LOCK)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # a read-only or vanished meta_dir
+            raise MetadataError(f"cannot open the writer lock {path}: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -481,32 +572,89 @@ class KVStore:
         return cls(StoreConfig(drives=list(drives), **kw))
 
     # ---- setup -----------------------------------------------------------------------
-    def _manifest(self, config: StoreConfig) -> bytes:
+    def _prepare_meta_dir(self) -> None:
+        """``meta_dir`` is a directory (made for a new store's writer) that this process can write."""
+        meta = self.meta_dir
+        if os.path.exists(meta) and not os.path.isdir(meta):
+            raise MetadataError(f"meta_dir {meta!r} is not a directory")
+        if self._creates:
+            try:
+                os.makedirs(meta, exist_ok=True)
+            except OSError as e:
+                raise MetadataError(f"cannot make meta_dir {meta!r}: {e.strerror}") from e
+        if not self.config.follow and os.path.isdir(meta) and not os.access(meta, os.W_OK | os.X_OK):
+            raise MetadataError(f"meta_dir {meta!r} is not writable")
+
+    def _read_manifest(self) -> bytes | None:
+        """The store uuid its manifest names (the drive list checked against the config), or None when
+        there is no manifest.  A damaged manifest is an error naming it, never a new store."""
         path = os.path.join(self.meta_dir, MANIFEST)
-        drives = [os.path.abspath(p) for p in config.drives]
-        if os.path.exists(path):
-            with open(path) as f:
-                m = json.load(f)
-            if m["drives"] != drives:
-                raise KVSwarmError(f"store at {self.meta_dir} was made with drives {m['drives']}, not {drives}")
-            return bytes.fromhex(m["uuid"])
-        if not self._creates:
-            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
-        m = {"format": 1, "uuid": uuid.uuid4().hex, "drives": drives, "stripe_unit": config.stripe_unit}
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(m, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return bytes.fromhex(m["uuid"])
+        if not os.path.exists(path):
+            if not self._creates:
+                raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
+            return None
+        try:
+            with open(path, "rb") as f:
+                m = json.loads(f.read().decode())
+            sid, listed = bytes.fromhex(m["uuid"]), m["drives"]
+            if len(sid) != 16 or not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+                raise ValueError("bad uuid or drive list")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise MetadataError(f"manifest {path} is damaged or unreadable ({type(e).__name__}: {e}); "
+                                f"`kvswarm fsck` rebuilds it from the drives") from e
+        drives = [os.path.abspath(p) for p in self.config.drives]
+        if listed != drives:
+            raise KVSwarmError(f"store at {self.meta_dir} was made with drives {listed}, not {drives}")
+        return sid
+
+    def _unfinished_store(self) -> bytes | None:
+        """A store without a manifest is new, or the rest of an open that died making it (a catalog that
+        records nothing, drives formatted for one store and never written): then its uuid, which the
+        open goes on with.
+        Anything more (records in the catalog, drives of several stores) means a store whose manifest was
+        lost: making a new store over it would destroy its evidence, so that is refused, pointing at
+        ``kvswarm fsck --repair``, which recovers it."""
+        uuids = {}
+        for i, p in enumerate(self.config.drives):
+            with contextlib.suppress(OSError):
+                if (sb := read_superblock(p)) is not None:
+                    uuids[p] = (sb[0], sb[1] == i and not ever_written(p))
+        if holds_nothing(self.meta_dir) and len({u for u, _ in uuids.values()}) <= 1 \
+                and all(ok for _, ok in uuids.values()):
+            return next(iter(uuids.values()))[0] if uuids else None
+        left = [f for f in (JOURNAL, CHECKPOINT) if os.path.exists(os.path.join(self.meta_dir, f))]
+        left += [f"drive {p} of store {u.hex()}" for p, (u, _) in uuids.items()]
+        raise MetadataError(f"manifest {os.path.join(self.meta_dir, MANIFEST)} is missing but a store is "
+                            f"there ({', '.join(left)}): run `kvswarm fsck --repair` to recover it")
+
+    def _write_manifest(self) -> None:
+        write_manifest(self.meta_dir, self.store_uuid, self.config.drives, self.config.stripe_unit)
+
+    def _open_drives(self, kinds: list[str], new: bool, made: list[str]) -> None:
+        """Open every drive.  A drive of an existing store that cannot be read is left out of service
+        (logged, and listed by :meth:`health`): the store opens with the others.  A new store, or one
+        none of whose drives opens, is refused."""
+        config = self.config
+        for i, p in enumerate(config.drives):
+            try:
+                d = open_drive(i, p, self.store_uuid, config.capacity_per_drive, new, kinds[i], made)
+            except DriveUnavailable as e:
+                if new:
+                    raise
+                log.error("store at %s opens without drive %d (%s): %s", self.meta_dir, i, p, e)
+                d = failed_drive(i, p, kinds[i], str(e))
+            self.drives.append(d)
+        if not any(d.healthy for d in self.drives):
+            raise DriveError("no drive of the store can be opened: " + "; ".join(d.reason for d in self.drives))
 
     def _rebuild_allocators(self) -> None:
         """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
         from kvswarm.allocator import ExtentAllocator
 
         owner, drv, off, ln = self.catalog.extent_columns()
-        caps = np.array([d.capacity for d in self.drives], np.int64)
+        # A drive unreadable at open keeps its objects (misses until it is back), so its unknown size
+        # drops none of them.
+        caps = np.array([d.capacity if d.fd >= 0 else 1 << 62 for d in self.drives], np.int64)
         stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
         if stale.any():  # the drive shrank or went: drop the objects that pointed there
             bad = np.unique(owner[stale])
@@ -515,12 +663,14 @@ class KVStore:
             keep = ~np.isin(owner, bad)
             drv, off, ln = drv[keep], off[keep], ln[keep]
         for d in self.drives:
+            if d.fd < 0:
+                continue
             mine = drv == d.index
             o, end = off[mine], off[mine] + ln[mine]
             order = np.argsort(o, kind="stable")
             o, end = o[order], end[order]
             if len(o) and (o[0] < d.data_start or (o[1:] < end[:-1]).any()):
-                raise ValueError(f"overlapping extents on drive {d.index}")
+                raise MetadataError(f"the catalog in {self.meta_dir} has overlapping extents on drive {d.index}")
             # Adjacent extents merge into runs, so the allocator sees one entry per gap.
             first = np.ones(len(o), bool)
             first[1:] = o[1:] != end[:-1]
@@ -545,10 +695,18 @@ class KVStore:
 
         ``data`` is bytes-like, or :class:`Runs` gathered in order (an engine page's runs, copied
         straight into the store's buffers)."""
+        self._check_open()
         if self.config.follow:
             raise KVSwarmError("this store follows another process's: only its writer puts")
+        if hints is not None and len(hints) != len(items):
+            raise ConfigError(f"{len(hints)} placement hints for {len(items)} items")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [_as_bufs(data) for _, data in items]
+        for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
+            n = _bufs_len(mv)
+            if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
+                raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
+                                  f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
         lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
@@ -631,7 +789,7 @@ class KVStore:
         if off is not None:
             return drive, off
         for d in sorted(self.drives, key=lambda d: -d.free_bytes):
-            if d.healthy and (off := d.alloc.alloc(nbytes)) is not None:
+            if d.healthy and not d.full and (off := d.alloc.alloc(nbytes)) is not None:
                 return d.index, off
         if self._deferred:  # space waits on a flush: make the frees durable, then retry
             self._sync()
@@ -647,7 +805,12 @@ class KVStore:
             for digest, entry, parts in items:
                 ok = True
                 for r in reqs[k:k + parts]:
-                    if r.result != len(r.buf):
+                    if r.result == -errno.ENOSPC:  # a thin volume out of space: full, not failed
+                        d = self.drives[r.drive]
+                        d.nospc += 1
+                        d.mark_full(f"a write at {r.offset}")
+                        ok = False
+                    elif r.result != len(r.buf):
                         self._io_error(r.drive, r.offset, r.result)
                         ok = False
                     elif not self.drives[r.drive].healthy:  # failed while it was written: never readable
@@ -671,7 +834,8 @@ class KVStore:
 
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
-            self.drives[drv].alloc.release(off, ln)
+            if (a := self.drives[drv].alloc) is not None:  # a drive unreadable since the open has none
+                a.release(off, ln)
 
     # ---- abandoned batches -------------------------------------------------------------
     def _lease(self, nbytes: int) -> Lease:
@@ -772,6 +936,8 @@ class KVStore:
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
                            into: Sequence[object | None] | None = None, in_place: bool = False) -> GetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
+        if self.engine is None:
+            self._check_open()
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
@@ -779,7 +945,7 @@ class KVStore:
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            bufs_in = [None if into[i] is None else _as_bufs(into[i]) for i in found]
+            bufs_in = [None if into[i] is None else _as_bufs(into[i], True) for i in found]
             if in_place and verify_submit is not None and len(span):
                 direct = _direct_reads(ext, bufs_in)
                 span[direct] = 0  # no pool space
@@ -994,8 +1160,8 @@ class KVStore:
         log.warning("I/O error on drive %d (%s) at %d: result %s", d.index, d.path, offset, result)
         if result is not None and result >= 0:
             d.stats.errors += 1  # a short transfer: the engine counted bytes, not an error
-        if d.stats.errors >= self.config.error_threshold:
-            d.fail(f"{d.stats.errors} I/O errors")
+        if d.stats.errors - d.nospc >= self.config.error_threshold:
+            d.fail(f"{d.stats.errors - d.nospc} I/O errors")
 
     def verify(self, digests: Sequence[bytes], batch: int = 256) -> int:
         """Read and verify the objects with these digests; returns how many are corrupt or unreadable."""
@@ -1012,6 +1178,12 @@ class KVStore:
     def __contains__(self, key: bytes) -> bool:
         return self.contains(key)
 
+    def length(self, key: bytes) -> int | None:
+        """Payload bytes of ``key``'s object (a catalog lookup, no I/O); None when it is not stored.
+        Lets a caller size the buffer a read lands in (``submit_get(into=...)``) before reading."""
+        e = self.catalog.get(key_digest(key))
+        return None if e is None else e.payload_len
+
     def __len__(self) -> int:
         return len(self.catalog)
 
@@ -1021,6 +1193,7 @@ class KVStore:
 
     def delete_digest(self, digest: bytes) -> bool:
         """Drop the object whose key digest is ``digest`` (a restart recovers digests, not keys)."""
+        self._check_open()
         old = self.catalog.delete(digest)
         if old is not None and not self.config.follow:
             self._free_after_flush(old)
@@ -1036,30 +1209,52 @@ class KVStore:
 
         Raises FlushError, once all else is done, when a drive that took writes since the last flush
         failed (its fdatasync here, or another I/O meanwhile): those writes are not durable."""
+        self._check_open()
         if self.config.follow:
             return
         self._sync()
         with self._lock:
             lost, self._not_durable = sorted(self._not_durable), set()
+            dropped, self._dropped = self._dropped, []
         if lost:
-            raise FlushError(lost, "writes not durable: " + ", ".join(
-                f"drive {i} ({self.drives[i].path}) failed" for i in lost))
+            raise FlushError(lost, f"writes not durable ({len(dropped)} objects deleted): " + ", ".join(
+                f"drive {i} ({self.drives[i].path}) " + ("full" if self.drives[i].healthy else
+                                                         f"failed: {self.drives[i].reason}") for i in lost),
+                             dropped)
 
     def _sync(self) -> None:
         """fdatasync the healthy drives, sync the catalog, then free the extents that waited on it.  A
-        drive failing its fdatasync, or failed since it took writes, is noted for flush() to report."""
+        drive failing its fdatasync (full: ENOSPC), failed since it took writes, or whose data file was
+        removed, is noted for flush() to report, and the objects written to it since the last flush are
+        deleted (journaled): they are not durable, and would be misses after every restart."""
         with self._lock:
             written, self._written = self._written, set()
+            since, self._synced_gen = self._synced_gen, self.catalog.next_generation
+        lost: set[int] = set()
         for d in self.drives:
-            if d.healthy:
-                try:
-                    os.fdatasync(d.fd)
-                except OSError as e:
+            if not d.healthy:
+                continue
+            if (why := d.unlinked()) is not None:  # writes to an unlinked file vanish at close
+                d.fail(why)
+                continue
+            try:
+                os.fdatasync(d.fd)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    d.mark_full("fdatasync")
+                else:
                     d.fail(f"fdatasync failed: {e.strerror}")
-                    with self._lock:
-                        self._not_durable.add(d.index)
+                lost.add(d.index)
         with self._lock:
-            self._not_durable.update(i for i in written if not self.drives[i].healthy)
+            lost.update(i for i in written if not self.drives[i].healthy)
+            self._not_durable.update(lost)
+        if lost:
+            dropped = [dg for dg in self.catalog.written_since(since, sorted(lost)) if self.delete_digest(dg)]
+            with self._lock:
+                self._dropped += dropped
+            log.error("%d objects written to drives %s since the last flush are not durable: deleted",
+                      len(dropped), sorted(lost))
+        with self._lock:
             # The frees stay safe after a failed fdatasync: the deletes and replacements they wait on
             # are in the catalog synced below, which then points at none of them, and a failed drive
             # is never allocated from again.
@@ -1076,6 +1271,10 @@ class KVStore:
     def checkpoint(self) -> None:
         self.flush()
         self.catalog.checkpoint()
+
+    def _check_open(self) -> None:
+        if self.engine is None:
+            raise KVSwarmError(f"the store at {self.meta_dir} is closed")
 
     def close(self) -> None:
         if getattr(self, "engine", None) is None:
@@ -1112,6 +1311,8 @@ class KVStore:
     # ---- health and metrics ------------------------------------------------------------
     def fail_drive(self, index: int, reason: str = "taken out of service") -> None:
         """Stop using a drive: its objects become misses, new writes avoid it."""
+        if not isinstance(index, int) or not 0 <= index < len(self.drives):
+            raise ConfigError(f"no drive {index!r}: this store has drives 0-{len(self.drives) - 1}")
         self.drives[index].fail(reason)
 
     def unreadable_digests(self) -> list[bytes]:
@@ -1134,6 +1335,12 @@ class KVStore:
                 out.append(dg)
         return out
 
+    def health(self) -> list[DriveHealth]:
+        """Every drive's state: out of service since the open (unreadable then) or since (I/O errors,
+        a failed flush, its data file removed), with the reason, and whether it is full (ENOSPC: it
+        serves what it holds, and takes no new writes).  Objects on a drive out of service are misses."""
+        return [DriveHealth(d.index, d.path, d.healthy, d.reason, d.full) for d in self.drives]
+
     @property
     def drive_stats(self) -> list[DriveStats]:
         return [d.stats for d in self.drives]
@@ -1146,8 +1353,9 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "free_bytes": d.free_bytes,
-                                             "capacity": d.capacity, "direct_io": d.direct, "kind": d.kind}
+            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
+                                             "free_bytes": d.free_bytes, "capacity": d.capacity,
+                                             "direct_io": d.direct, "kind": d.kind}
                        for d in self.drives],
         }
 

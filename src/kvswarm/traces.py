@@ -51,7 +51,8 @@ def record_trace(lm: LoadedModel, doc, steps: int, *, sparsity: float = 0.1, sin
 def record_traces(out_dir: str | Path, *, tokens: int = 4096, steps: int = 128, count: int = 3,
                   sources: Sequence[str] | None = None, sparsity: float = 0.1, sinks: int = 4, window: int = 64,
                   temperature: float = 0.7, seed: int = 0, lm: LoadedModel | None = None) -> list[Path]:
-    """One trace file per document (cycling over the corpus sources), written to ``out_dir``."""
+    """One trace file per document (cycling over the corpus sources, which may include
+    ``file:PATH`` sources: any UTF-8 text file), written to ``out_dir``."""
     from kvswarm import corpus
     from kvswarm.model import load_default_model
 
@@ -63,7 +64,8 @@ def record_traces(out_dir: str | Path, *, tokens: int = 4096, steps: int = 128, 
         t0 = time.perf_counter()
         trace = record_trace(lm, doc, steps, sparsity=sparsity, sinks=sinks, window=window,
                              temperature=temperature, seed=seed + i)
-        path = out / f"trace-{doc.source}-{tokens}t-{steps}s-seed{seed + i}.npz"
+        name = Path(doc.source.removeprefix("file:")).stem if doc.source.startswith("file:") else doc.source
+        path = out / f"trace-{name}-{tokens}t-{steps}s-seed{seed + i}.npz"
         trace.save(path)
         log.info("%s: %s in %.1f s", path, doc.titles[:3], time.perf_counter() - t0)
         paths.append(path)
@@ -76,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--count", type=int, default=3, help="documents (cycling over the sources)")
     p.add_argument("--sources", default=None, help="comma-separated: pydoc,man,licenses (default: all present)")
+    p.add_argument("--text-file", action="append", default=None,
+                   help="a UTF-8 text file to trace instead of the corpus (repeatable)")
     p.add_argument("--sparsity", type=float, default=0.1, help="top share of offloaded entries recorded")
     p.add_argument("--sinks", type=int, default=4)
     p.add_argument("--window", type=int, default=64)
@@ -84,9 +88,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
+    from kvswarm.corpus import file_source
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    paths = record_traces(a.out_dir, tokens=a.tokens, steps=a.steps, count=a.count,
-                          sources=a.sources.split(",") if a.sources else None, sparsity=a.sparsity, sinks=a.sinks,
+    sources = a.sources.split(",") if a.sources else None
+    count = a.count
+    if a.text_file:
+        sources = [file_source(f) for f in a.text_file]
+        count = len(sources)
+    paths = record_traces(a.out_dir, tokens=a.tokens, steps=a.steps, count=count, sources=sources,
+                          sparsity=a.sparsity, sinks=a.sinks,
                           window=a.window, temperature=a.temperature, seed=a.seed)
     for path in paths:
         print(path)

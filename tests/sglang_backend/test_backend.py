@@ -464,3 +464,31 @@ def test_kv_cache_dtype_and_weights_key_pages_apart(drives):
             b = open_backend(drives, host_pool("page_first", dtype=dtype))
             assert b.batch_exists(keys) == (2 if args == e4m3 else 0), args
             b.close()
+
+
+def test_a_drive_unreadable_at_open_leaves_the_backend_serving_the_others(drives):
+    """The restarted server finds drive 1's superblock damaged: the backend opens on the other drives,
+    the pages that were on drive 1 stop existing, the rest come back exactly."""
+    import glob
+
+    pool = host_pool("page_first")
+    b = open_backend(drives, pool)
+    keys = [f"x{i}" for i in range(6)]
+    src = pages(pool, 0, 6)
+    want = page_data(pool, src, 6)
+    assert all(b.batch_set_v1(keys, src))
+    on_1 = [b.store.catalog.get(key_digest(b._key(k))).extents[0][0] == 1 for k in keys]
+    assert any(on_1) and not all(on_1)
+    b.close()
+    (data,) = glob.glob(os.path.join(drives[1], "**", DATA_FILE), recursive=True)
+    with open(data, "r+b") as f:
+        f.write(b"XXXX")  # the superblock's magic
+    b = open_backend(drives, pool)
+    health = b.store.health()
+    assert [h.healthy for h in health] == [True, False] and "superblock" in health[1].reason
+    assert [b.exists(k) for k in keys] == [not x for x in on_1]
+    kept = [i for i, x in enumerate(on_1) if not x]
+    got = b.batch_get_v1([keys[i] for i in kept], pages(pool, 8, len(kept)))
+    assert got == [True] * len(kept)
+    assert all(torch.equal(g, want[i]) for g, i in zip(page_data(pool, pages(pool, 8, len(kept)), len(kept)), kept))
+    b.close()

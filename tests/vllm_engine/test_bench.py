@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,7 +13,8 @@ from kvswarm.bench.vllm_bench import main
 def test_bench_vllm_runs_and_reports(tmp_path):
     out = tmp_path / "vllm.json"
     rc = main(["--block-sizes", "64", "--restore-mib", "4", "--lookup-blocks", "128",
-               "--rounds", "1", "--fresh-rounds", "1", "--no-testbed", "--dir", str(tmp_path), "--json", str(out)])
+               "--rounds", "1", "--fresh-rounds", "1", "--no-testbed", "--dir", str(tmp_path), "--json", str(out),
+               "--summary", str(tmp_path / "small.json")])
     assert rc == 0
     r = json.loads(out.read_text())
     s = r["summary"]
@@ -24,10 +26,18 @@ def test_bench_vllm_runs_and_reports(tmp_path):
                 "restart_lookup_fresh_process_speedup_vs_fs", "raw_one_request_burst_ms_64k",
                 "kvswarm_single_request_speed_vs_raw_burst_64k", "fs_single_request_speed_vs_raw_burst_64k"):
         assert s[key] > 0, key
+    raw = r["one_drive"][0]["raw"]
+    # Raw landed: its own sweep over the same methods as raw, sampled before and after the tiers' restores.
+    assert set(raw["landed"]["tuning"]) == set(raw["tuning"])
+    assert raw["landed"]["method"] == max(raw["landed"]["tuning"], key=raw["landed"]["tuning"].get)
+    assert len(raw["landed"]["samples"]) == len(raw["samples"]) == 2 * len(raw["landed"]["round_gbps"])
+    assert r["one_drive"][0]["kvswarm"]["restore_ratio_vs_raw_landed"] == s["restore_ratio_vs_raw_landed_64k"]
     assert set(r["one_drive"][0]["engine_load"]["loads"]) == {"none", "1/1", "3/1"}
     assert r["restart"]["kvswarm"]["hits"] == r["restart"]["fs"]["hits"] == 128
     assert r["restart"]["kvswarm"]["fresh_process"]["hits"] == r["restart"]["fs"]["fresh_process"]["hits"] == 128
     assert (tmp_path / "vllm.png").stat().st_size > 0
+    small = json.loads((tmp_path / "small.json").read_text())
+    assert small["summary"] == s and small["settings"]["raw_landed_method_64k"] == raw["landed"]["method"]
 
 
 @pytest.mark.parametrize("kind", ["threads", "uring"])
@@ -42,13 +52,14 @@ def test_raw_delivery_and_landed_references_land_every_block_in_its_chunk(tmp_pa
         case = TierCase(bench, kv_config([str(tmp_path / "kv")], "uring", 64 << 20))
         ext = bench.extents(case.run.tier)
         raw = RawCeiling(case.run.tier.store, bench.deliverer(ext), land=lambda: bench.lander(ext))
-        raw.method = ("random", kind, 4)
+        raw.method = raw.landed_method = ("random", kind, 4)
         raw.tuning = {f"threads_{t}_random": float(t == 8) for t in raw.THREADS}  # raw + delivery's threads, if uring
         for only in ("deliver", "land"):  # one reference at a time, each into a zeroed region
             bench.primary.mm[:] = bytes(len(bench.primary.mm))
             other = "land" if only == "deliver" else "deliver"
             kept, raw.__dict__[other] = raw.__dict__[other], None
             raw.measure_delivered()
+            raw.measure_landed()
             raw.__dict__[other] = kept
             for i in range(bench.nblocks):
                 assert hash(bytes(bench.primary.chunk(i)[:4096])) == bench.digest[i], (only, i)
@@ -59,6 +70,23 @@ def test_raw_delivery_and_landed_references_land_every_block_in_its_chunk(tmp_pa
         case.run.tier.shutdown()
     finally:
         bench.close()
+
+
+def test_eight_drives_reports_efficiency_per_drive_cap(tmp_path):
+    """The eight-drive part: each tier's GB/s per GB/s of the caps of the drives it uses, beside the
+    speedup; the summary and the small summary file carry both."""
+    from rich.console import Console
+
+    from kvswarm.bench.vllm_bench import eight_drives, summarize
+
+    e = eight_drives(64 << 10, 8 << 20, "uring", 1, Console(file=open(os.devnull, "w")))
+    cap = e["testbed"]["caps"]["read_mbps"] / 1e3
+    assert e["efficiency_fs"] == pytest.approx(e["fs_1_drive"]["restore_gbps"] / cap)
+    assert e["efficiency_kvswarm"] == pytest.approx(e["kvswarm_8_drives"]["restore_gbps"] / (8 * cap))
+    assert e["efficiency_kvswarm"] > 0 and e["efficiency_fs"] > 0  # 8 MiB restores: too short to bound by 1.0
+    s = summarize({"one_drive": [], "restart": None, "eight_drives": e})
+    assert s["efficiency_8_drives_kvswarm"] == e["efficiency_kvswarm"] and s["efficiency_8_drives_fs"] > 0
+    assert s["restore_speedup_vs_fs_8drives"] == pytest.approx(e["restore_speedup"])
 
 
 def test_engine_load_argument_is_checked():

@@ -463,3 +463,31 @@ def test_a_pool_too_small_for_a_chunk_reports_stores_not_stored(drives, primary)
     assert not res.success and res.transfer_bytes == 0
     assert run.lookup(keys) == [LookupResult.MISS] * 4
     tier.shutdown()
+
+
+def test_a_drive_unreadable_at_open_leaves_the_tier_serving_the_others(drives, primary):
+    """The restarted tier finds drive 2's superblock damaged: it opens on the other drives (the store
+    says which drive and why), misses on the chunks that were there, and serves the rest exactly."""
+    keys = keys_for(9)
+    data = fill(primary, range(9))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys, range(9), load=False).success
+    on_2 = {k for k in keys if tier.store.catalog.entries[key_digest(tier.keyspace.key(k))].extents[0][0] == 2}
+    assert 0 < len(on_2) < 9
+    tier.shutdown()
+    with open(os.path.join(drives[2], DATA_FILE), "r+b") as f:
+        f.write(b"XXXX")  # the superblock's magic
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    health = tier.store.health()
+    assert [h.healthy for h in health] == [True, True, False] and "superblock" in health[2].reason
+    assert run.lookup(keys) == [LookupResult.MISS if k in on_2 else LookupResult.HIT for k in keys]
+    hits = [i for i, k in enumerate(keys) if k not in on_2]
+    assert run.run([keys[i] for i in hits], range(16, 16 + len(hits)), load=True).success
+    for j, i in enumerate(hits):
+        assert np.array_equal(primary.chunk(16 + j), data[i])
+    more = keys_for(3, salt=2)
+    fill(primary, range(25, 28), seed=5)
+    assert run.run(more, range(25, 28), load=False).success  # writes go to the readable drives
+    tier.shutdown()

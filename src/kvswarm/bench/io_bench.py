@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvswarm.argtypes import comma_list, existing_dir, non_negative_int, positive_float, positive_int
 from kvswarm.bench import write_json
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
@@ -65,7 +66,10 @@ SIZE_NAMES = {4 * KiB: "4k", 16 * KiB: "16k", 64 * KiB: "64k", 1 * MiB: "1m"}
 def parse_size(s: str) -> int:
     s = s.strip().lower()
     mult = {"k": KiB, "m": MiB, "g": GiB}.get(s[-1:], 1)
-    n = int(float(s.rstrip("kmg")) * mult)
+    try:
+        n = int(float(s.rstrip("kmg")) * mult)
+    except (ValueError, OverflowError):  # not a number, or inf
+        raise argparse.ArgumentTypeError(f"object size {s!r} is not a size such as 4k, 64k or 1m") from None
     if n % 4096 or n <= 0:
         raise argparse.ArgumentTypeError(f"object size {s} must be a positive multiple of 4 KiB")
     return n
@@ -73,10 +77,21 @@ def parse_size(s: str) -> int:
 
 def parse_count(s: str) -> int:
     s = s.strip().lower()
-    n = int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    try:
+        n = int(float(s.rstrip("km")) * {"k": 1000, "m": 1_000_000}.get(s[-1:], 1))
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"object count {s!r} is not a count such as 2k, 100k or 1m") from None
     if n <= 0:
-        raise ValueError(f"object count must be positive, got {s!r}")
+        raise argparse.ArgumentTypeError(f"object count must be positive, got {s!r}")
     return n
+
+
+def _backends(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in ("threads", "uring")]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"backends are threads and/or uring, got {text!r}")
+    return names
 
 
 def count_name(n: int) -> str:
@@ -84,21 +99,28 @@ def count_name(n: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="4k,16k,64k,1m", help="object (extent) sizes, comma-separated")
-    p.add_argument("--data-mib", type=int, default=None,
+    p.add_argument("--sizes", type=comma_list(parse_size), default="4k,16k,64k,1m",
+                   help="object (extent) sizes, comma-separated multiples of 4 KiB (default %(default)s)")
+    p.add_argument("--data-mib", type=positive_int, default=None,
                    help="data set per size in MiB (default 1024 below 64 KiB, 3072 from 64 KiB; quick: 64)")
-    p.add_argument("--seconds", type=float, default=None,
+    p.add_argument("--seconds", type=positive_float, default=None,
                    help="seconds per timed sample (default 1.5, 3 on a testbed; quick 0.3)")
-    p.add_argument("--rounds", type=int, default=None,
+    p.add_argument("--rounds", type=positive_int, default=None,
                    help="raw/store sample pairs per size and backend (default 5; quick 1)")
-    p.add_argument("--backends", default=None, help="store I/O backends (default: threads,uring where available)")
-    p.add_argument("--dirs", type=int, default=4, help="drive directories when not on a testbed")
-    p.add_argument("--dir", default=None, help="parent of the temp drive directories (default: system temp)")
-    p.add_argument("--drives", type=int, default=0, help="run on N emulated capped drives (kvswarm.testbed)")
-    p.add_argument("--cap-mbps", type=float, default=None, help="testbed per-drive MB/s cap (default: fit disk)")
-    p.add_argument("--cap-iops", type=float, default=None, help="testbed per-drive IOPS cap (default: fit disk)")
+    p.add_argument("--backends", type=_backends, default=None,
+                   help="store I/O backends, comma-separated (default: threads,uring where available)")
+    p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
+                   help="how many temp drive directories to use when not on a testbed (default %(default)s)")
+    p.add_argument("--dir", type=existing_dir, default=None,
+                   help="existing directory to make the temp drive directories in (default: system temp)")
+    p.add_argument("--drives", type=non_negative_int, default=0,
+                   help="run on N emulated capped drives (kvswarm.testbed)")
+    p.add_argument("--cap-mbps", type=positive_float, default=None,
+                   help="testbed per-drive MB/s cap (default: fit disk)")
+    p.add_argument("--cap-iops", type=positive_float, default=None,
+                   help="testbed per-drive IOPS cap (default: fit disk)")
     p.add_argument("--emulation", choices=["auto", "kernel", "user-space"], default="auto")
-    p.add_argument("--reopen", default=None,
+    p.add_argument("--reopen", type=comma_list(parse_count, allow_empty=True), default=None,
                    help="object counts for the reopen test, e.g. 100k,1m ('' to skip; default 100k,1m)")
     p.add_argument("--reopen-via", choices=["store", "catalog"], default=None,
                    help="build the reopen stores through the store's put path (default) or the catalog only "
@@ -327,12 +349,12 @@ def _store_shape(size: int, depth: int, batch_bytes: int = 4 * MiB) -> tuple[int
 
 def bench(args: argparse.Namespace, console) -> dict:
     quick = args.quick
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    sizes = args.sizes
     # Capped drives get longer samples: blk-throttle lets ~0.1 s worth of budget through at once.
     seconds = args.seconds or (0.3 if quick else 3.0 if args.drives else 1.5)
     rounds = args.rounds or (1 if quick else 5)
     use_uring = uring_available()
-    backends = (args.backends.split(",") if args.backends else ["threads"] + (["uring"] if use_uring else []))
+    backends = args.backends or ["threads"] + (["uring"] if use_uring else [])
     rng = random.Random(args.seed)
 
     def data_bytes(size: int) -> int:
@@ -672,9 +694,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    # Parse before the long run, so a bad count fails at once.
-    counts = [parse_count(c) for c in (args.reopen if args.reopen is not None else "100k,1m").split(",")
-              if c.strip()]
+    counts = args.reopen if args.reopen is not None else [100_000, 1_000_000]
     results = bench(args, console)
     via = args.reopen_via or ("catalog" if args.quick else "store")
     results["reopen_via"] = ("4 KiB objects written through KVStore.submit_put" if via == "store" else

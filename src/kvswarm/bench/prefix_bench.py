@@ -48,10 +48,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from kvswarm.bench import write_json
+from kvswarm.bench import write_json, write_summary
+from kvswarm.bench.prefix_cost import Prices, modelled_ttft
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import HEADER_BYTES, PrefixKeyer, new_block
 from kvswarm.tiers import DRIVE_CLASSES, ComputeModel, CostAware, DriveCost, PrefetchPolicy, Tier
@@ -84,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the TTFT part (default 1: on a shared box, OpenMP threads that spin "
                         "while other processes hold the cores make multi-threaded timings meaningless)")
+    p.add_argument("--catalog", default=None, help="hardware catalog TOML the configurations are priced from "
+                   "(default: the shipped one)")
+    p.add_argument("--summary", metavar="PATH", default=None,
+                   help="also write a small JSON here: the summary and the settings, no per-run detail")
     p.add_argument("--skip-trace", action="store_true")
     p.add_argument("--skip-ttft", action="store_true")
 
@@ -123,6 +128,11 @@ def ideal_hit_rate(reqs: Sequence[Sequence[int]]) -> tuple[float, int]:
         refs += len(ids)
         seen.update(ids)
     return hits / max(refs, 1), len(seen)
+
+
+def setup_cost(s: Setup, prices: Prices, block_bytes: int) -> float:
+    """US$ of the capacity a setup provisions (DRAM, SSD pool, capacity pool of HDDs)."""
+    return prices.cost(s.dram, s.ssd, s.capacity, block_bytes)
 
 
 def _drives(root: Path, name: str, n: int) -> list[str]:
@@ -220,12 +230,23 @@ def trace_part(args, root: Path, console, compute: ComputeModel | None) -> dict:
     sizes = [float(x) for x in (args.sizes or ("0.05,0.2" if args.quick else "0.02,0.05,0.1,0.2")).split(",")]
     payload = args.payload_kib * KiB - 64  # one extent of that size on disk
     demotion = "cost-aware" if compute is not None else "always"
+    prices = Prices.from_catalog(args.catalog)
+    disk_block = payload + 64
     setups = []
     for f in sizes:
         ssd = int(distinct * f)
-        setups.append(Setup(f"lru-1drive@{f:g}", "lru-1drive", f, 0, ssd, 1, 0, 0))
-        setups.append(Setup(f"kvswarm@{f:g}", "kvswarm", f, ssd // 10, ssd, args.ssd_drives, 3 * ssd,
-                            args.capacity_drives, "lru", "write-through", demotion))
+        lru = Setup(f"lru-1drive@{f:g}", "lru-1drive", f, 0, ssd, 1, 0, 0)
+        tiers = Setup(f"kvswarm@{f:g}", "kvswarm", f, ssd // 10, ssd, args.ssd_drives, 3 * ssd,
+                      args.capacity_drives, "lru", "write-through", demotion)
+        setups += [lru, tiers]
+        # Equal cost both ways: one plain SSD drive bought with the tiers' money, and the tiers
+        # (every tier in the same proportion) shrunk to the plain drive's money.
+        same = prices.ssd_blocks_for(setup_cost(tiers, prices, disk_block), disk_block)
+        setups.append(Setup(f"lru-1drive-samecost@{f:g}", "lru-1drive-samecost", f, 0, same, 1, 0, 0))
+        k = setup_cost(lru, prices, disk_block) / setup_cost(tiers, prices, disk_block)
+        setups.append(replace(tiers, name=f"kvswarm-samecost@{f:g}", family="kvswarm-samecost",
+                              dram=int(tiers.dram * k), ssd=max(1, int(tiers.ssd * k)),
+                              capacity=int(tiers.capacity * k)))
         if not args.quick:  # one drive as large as all three tiers together
             setups.append(Setup(f"lru-1drive-total@{f:g}", "lru-1drive-total", f, 0, ssd + ssd // 10 + 3 * ssd,
                                 1, 0, 0))
@@ -242,8 +263,14 @@ def trace_part(args, root: Path, console, compute: ComputeModel | None) -> dict:
     for s in setups:
         console.print(f"[dim]replaying {len(reqs):,} requests through {s.name} "
                       f"(DRAM {s.dram:,} / SSD {s.ssd:,} x{s.ssd_drives} / capacity {s.capacity:,} blocks)[/dim]")
-        runs.append(replay(reqs, s, root, payload, compute))
-    return {"trace": str(args.trace), "requests": len(reqs), "distinct_blocks": distinct,
+        runs.append(replay(reqs, s, root, payload, compute) | {"cost_usd": setup_cost(s, prices, disk_block)})
+    for r in runs:  # each configuration's cost against a plain SSD cache of the same SSD size
+        base = next(x for x in runs if x["family"] == "lru-1drive" and x["fraction"] == r["fraction"])
+        r["cost_vs_lru_1drive"] = r["cost_usd"] / base["cost_usd"]
+    return {"prices": prices.as_dict(), "cost_block_bytes": disk_block,
+            "cost_note": "US$ of each configuration's provisioned capacity at the replayed block size "
+                         "(linear in block bytes: ratios hold for any block size)",
+            "trace": str(args.trace), "requests": len(reqs), "distinct_blocks": distinct,
             "ideal_hit_rate": ideal, "full_trace_ideal_hit_rate": FULL_TRACE_IDEAL,
             "payload_bytes_on_disk_per_block": payload + 64, "drives": f"directories under {root}",
             "prefetch": "wait_complete (no compute time simulated)", "runs": runs}
@@ -387,14 +414,18 @@ def print_tables(results: dict, console) -> None:
                         f"{tr['distinct_blocks']:,} distinct 512-token blocks; ideal hit rate "
                         f"{tr['ideal_hit_rate']:.1%} (whole trace {tr['full_trace_ideal_hit_rate']:.1%})")
         for c in ("setup", "DRAM/SSD/cap blocks", "SSD drives", "hit DRAM", "hit SSD", "hit cap", "hit total",
-                  "of ideal", "SSD evict", "demoted", "SSD writes", "req/s"):
+                  "of ideal", "cost x", "SSD evict", "demoted", "SSD writes", "req/s"):
             t.add_column(c, justify="right" if c != "setup" else "left")
         for r in tr["runs"]:
             cb, h = r["capacity_blocks"], r["hit_rate"]
             t.add_row(r["name"], f"{cb['dram']:,}/{cb['ssd']:,}/{cb['capacity']:,}", str(r["ssd_drives"]),
                       f"{h['dram']:.1%}", f"{h['ssd']:.1%}", f"{h['capacity']:.1%}", f"{h['total']:.1%}",
-                      f"{h['total'] / tr['ideal_hit_rate']:.0%}", f"{r['evictions']['ssd']:,}",
+                      f"{h['total'] / tr['ideal_hit_rate']:.0%}", f"{r['cost_vs_lru_1drive']:.2f}",
+                      f"{r['evictions']['ssd']:,}",
                       f"{r['demotions']:,}", f"{r['writes_blocks']['ssd']:,}", f"{r['requests_per_s']:.0f}")
+        t.caption = (f"cost x: provisioned capacity's price over the plain SSD drive's of the same SSD size "
+                     f"(US$/GB: DRAM {tr['prices']['dram_usd_per_gb']:g}, SSD {tr['prices']['ssd_usd_per_gb']:g}, "
+                     f"HDD {tr['prices']['hdd_usd_per_gb']:g}; {tr['prices']['sources']['catalog']})")
         console.print(t)
         main = [r for r in tr["runs"] if r["family"] == "kvswarm"][-1]
         base = [r for r in tr["runs"] if r["family"] == "lru-1drive"][-1]
@@ -436,8 +467,11 @@ def plot(results: dict, stem: str) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         labels = {"lru-1drive": "plain LRU, one drive of the SSD size",
                   "lru-1drive-total": "plain LRU, one drive as large as all kvswarm tiers",
-                  "kvswarm": "kvswarm: DRAM (SSD/10) + SSD pool + capacity pool (3x SSD)"}
-        for fam, style in (("lru-1drive", "o--"), ("lru-1drive-total", "^:"), ("kvswarm", "s-")):
+                  "lru-1drive-samecost": "plain LRU, one SSD drive costing as much as kvswarm's tiers",
+                  "kvswarm": "kvswarm: DRAM (SSD/10) + SSD pool + capacity pool (3x SSD)",
+                  "kvswarm-samecost": "kvswarm's tiers costing as much as the plain drive of the SSD size"}
+        for fam, style in (("lru-1drive", "o--"), ("lru-1drive-total", "^:"), ("lru-1drive-samecost", "v:"),
+                           ("kvswarm", "s-"), ("kvswarm-samecost", "D-")):
             rs = sorted((r for r in tr["runs"] if r["family"] == fam), key=lambda r: r["fraction"])
             if rs:
                 ax.plot([r["fraction"] * 100 for r in rs], [r["hit_rate"]["total"] * 100 for r in rs], style,
@@ -489,14 +523,42 @@ def summarize(results: dict) -> dict[str, float]:
               "first_tokens_match": float(all(v.get("first_token_matches_recompute", True) for v in c.values()))}
     tr = results.get("trace")
     if tr:
-        main = max((r for r in tr["runs"] if r["family"] == "kvswarm"), key=lambda r: r["fraction"])
-        base = next(r for r in tr["runs"] if r["family"] == "lru-1drive" and r["fraction"] == main["fraction"])
-        s |= {"trace_hit_rate": main["hit_rate"]["total"], "trace_ideal_hit_rate": tr["ideal_hit_rate"],
-              "trace_lru_1drive_hit_rate": base["hit_rate"]["total"],
-              "trace_hit_rate_vs_lru_1drive": main["hit_rate"]["total"] / max(base["hit_rate"]["total"], 1e-9),
-              "trace_fraction_of_ideal": main["hit_rate"]["total"] / tr["ideal_hit_rate"],
+        runs = tr["runs"]
+        main = max((r for r in runs if r["family"] == "kvswarm"), key=lambda r: r["fraction"])
+
+        def at(family: str) -> dict | None:
+            return next((r for r in runs if r["family"] == family and r["fraction"] == main["fraction"]), None)
+
+        base, same, shrunk, total = at("lru-1drive"), at("lru-1drive-samecost"), at("kvswarm-samecost"), \
+            at("lru-1drive-total")
+        rate = {name: r["hit_rate"]["total"] for name, r in (("kv", main), ("lru", base), ("same", same),
+                                                                ("shrunk", shrunk), ("total", total)) if r}
+        s |= {"trace_hit_rate": rate["kv"], "trace_ideal_hit_rate": tr["ideal_hit_rate"],
+              "trace_lru_1drive_hit_rate": rate["lru"],
+              "trace_hit_rate_vs_lru_1drive": rate["kv"] / max(rate["lru"], 1e-9),
+              "trace_fraction_of_ideal": rate["kv"] / tr["ideal_hit_rate"],
               "trace_ssd_fraction": main["fraction"],
-              "trace_wrong_bytes_served": float(sum(r["wrong_bytes_served"] for r in tr["runs"]))}
+              "trace_cost_usd_kvswarm": main["cost_usd"], "trace_cost_usd_lru_1drive": base["cost_usd"],
+              "trace_cost_kvswarm_vs_lru_1drive": main["cost_vs_lru_1drive"],
+              # equal cost, both ways: a plain SSD drive bought with the tiers' money ...
+              "trace_lru_equal_cost_hit_rate": rate["same"],
+              "trace_hit_rate_vs_lru_equal_cost": rate["kv"] / max(rate["same"], 1e-9),
+              # ... and the tiers shrunk to the plain SSD drive's money
+              "trace_kvswarm_at_lru_cost_hit_rate": rate["shrunk"],
+              "trace_hit_rate_equal_cost_kvswarm_vs_lru": rate["shrunk"] / max(rate["lru"], 1e-9),
+              "trace_wrong_bytes_served": float(sum(r["wrong_bytes_served"] for r in runs))}
+        if total:
+            s |= {"trace_lru_total_hit_rate": rate["total"],
+                  "trace_hit_rate_vs_lru_total": rate["kv"] / max(rate["total"], 1e-9)}
+        if tt:
+            ttft = {t: tt["cases"][t]["median_s"] for t in ("dram", "ssd", "capacity", "recompute")}
+            m = {name: modelled_ttft(r["hit_rate"], ttft) for name, r in (("kv", main), ("lru", base), ("same", same),
+                                                                           ("shrunk", shrunk)) if r}
+            s |= {"trace_ttft_model_kvswarm_s": m["kv"], "trace_ttft_model_lru_1drive_s": m["lru"],
+                  "trace_ttft_model_lru_equal_cost_s": m["same"], "trace_ttft_model_kvswarm_at_lru_cost_s": m["shrunk"],
+                  "trace_ttft_speedup_vs_lru_1drive": m["lru"] / m["kv"],
+                  "trace_ttft_speedup_vs_lru_equal_cost": m["same"] / m["kv"],
+                  "trace_ttft_speedup_equal_cost_kvswarm_vs_lru": m["lru"] / m["shrunk"]}
     return s
 
 
@@ -529,4 +591,13 @@ def run(args: argparse.Namespace) -> int:
         for p in plot(results, stem):
             console.print(f"plot: {p}")
         console.print(f"results: {args.json}")
+    if args.summary:
+        settings = {k: getattr(args, k) for k in ("quick", "requests", "sizes", "payload_kib", "ssd_drives",
+                                                   "capacity_drives", "prefix_tokens", "repeats", "threads",
+                                                   "skip_trace", "skip_ttft")}
+        tr = results.get("trace", {})
+        settings |= {k: tr[k] for k in ("requests", "distinct_blocks", "prices", "cost_note") if k in tr}
+        settings |= {k: results[k] for k in ("cpus", "load_avg_start", "load_avg_end")}
+        write_summary(args.summary, results["command"], settings, results["summary"])
+        console.print(f"summary: {args.summary}")
     return 0

@@ -34,12 +34,9 @@ takes any registered ``kvswarm.sparse`` selector, ``--groupings`` any registered
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from kvswarm.bench import write_json
@@ -49,66 +46,7 @@ QUICK = {"tokens": 1024, "steps": 8}
 FULL = {"tokens": 4096, "steps": 32}
 
 
-# ---- drives ---------------------------------------------------------------------------------
-@dataclass
-class DriveSet:
-    paths: list[str]
-    meta_dir: str
-    describe: str
-    info: dict
-    testbed: object = None
-
-    def open_store(self, capacity: int, **kw):
-        from kvswarm.store import KVStore, StoreConfig
-
-        capacity = (capacity + 4095) // 4096 * 4096
-        if self.testbed is not None:
-            capacity = min(capacity, self.testbed.drive_bytes)
-        wrap = self.testbed.wrap_engine if self.testbed is not None else None
-        return KVStore(StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=capacity,
-                                   wrap_engine=wrap, **kw))
-
-
-@contextlib.contextmanager
-def open_drives(n: int, mode: str = "auto", drive_bytes: int = 1 << 30, parent: str | None = None) -> Iterator[DriveSet]:
-    """N drives for a run, always cleaned up.
-
-    ``auto``: kvswarm.testbed's kernel-capped loop devices when this process may make them
-    (root, loop driver, cgroup v1 blkio), else plain temp directories; ``testbed``: a testbed
-    in any emulation it can get (kernel, or its user-space drive model); ``temp``: plain temp
-    directories on the local disk, uncapped.
-    """
-    if mode not in ("auto", "testbed", "temp"):
-        raise ValueError(f"drive mode must be auto, testbed or temp, got {mode!r}")
-    testbed = None
-    if mode != "temp":
-        try:
-            from kvswarm import testbed as tbmod
-        except ModuleNotFoundError:
-            tbmod = None
-        if tbmod is not None and (mode == "testbed" or tbmod.kernel_support() is None):
-            drive_bytes = max(1 << 20, (drive_bytes + 4095) // 4096 * 4096)
-            testbed = tbmod.Testbed(n, drive_bytes=drive_bytes, caps=tbmod.default_caps(n), root=parent).start()
-        elif mode == "testbed":
-            raise RuntimeError("kvswarm.testbed is not available in this checkout")
-    if testbed is not None:
-        try:
-            yield DriveSet(list(testbed.paths), testbed.meta_dir, testbed.describe(), testbed.info(), testbed)
-        finally:
-            testbed.stop()
-        return
-    root = tempfile.mkdtemp(prefix="kvswarm-drives-", dir=parent)
-    try:
-        paths = [os.path.join(root, f"drive{i}") for i in range(n)]
-        for p in paths:
-            os.makedirs(p)
-        meta = os.path.join(root, "meta")
-        yield DriveSet(paths, meta, f"no emulation: {n} directories on the local disk ({root}), one O_DIRECT data "
-                       "file each, uncapped", {"emulation": "none", "drives": n, "paths": paths})
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
+# ---- drives (kvswarm.testbed.drives) -----------------------------------------------------------
 def store_bytes_needed(layout, prompt_len: int, page_bytes: int) -> int:
     """On-drive bytes of one offloaded prompt (pages of every layer plus residents), generously."""
     from kvswarm.format import extent_size
@@ -259,7 +197,7 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvswarm import corpus
+    from kvswarm import corpus, testbed
     from kvswarm.model import load_default_model
     from kvswarm.offload import StoreSequence, decode, prefill
     from kvswarm.sparse import make_selector
@@ -288,10 +226,10 @@ def bench(args: argparse.Namespace, console, lm=None) -> dict:
                                   "model": lm.model_id, "kv_dtype": lm.layout.dtype,
                                   "threads": torch.get_num_threads()},
                  "prefill_s": pf.seconds, "runs": []}
-    with open_drives(args.drives, args.drive_mode, need // args.drives + (64 << 20), args.dir) as drives:
-        console.print(f"drives: {drives.describe}")
-        out["drives"] = drives.info
-        store = drives.open_store(need // args.drives + (64 << 20), backend=args.backend,
+    with testbed.drives(args.drives, args.drive_mode, need // args.drives + (64 << 20), args.dir) as drives:
+        console.print(f"drives: {drives.describe()}")
+        out["drives"] = drives.info()
+        store = drives.open_store(backend=args.backend,
                                   placement=args.placement)
         try:
             configs: list[ConfigRun] = []
@@ -433,7 +371,7 @@ def run(args: argparse.Namespace, lm=None) -> int:
     if args.mode == "swarm":
         from kvswarm.bench import swarm_bench
 
-        return swarm_bench.run(args)
+        return swarm_bench.run(args, lm)
     args.backend = args.backend or "threads"
     console = Console()
     if not console.is_terminal:  # logs and CI: keep the wide tables readable

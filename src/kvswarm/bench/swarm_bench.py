@@ -1,45 +1,60 @@
-"""Co-activation placement and retrieval (the Swarm core) against the paper's baselines.
+"""Co-activation placement and retrieval (the Swarm core) against the paper's baselines, on equal terms.
 
 Data: real decodes of SmolLM2-135M-Instruct over real texts (chat-framed prompts from the
-corpus), captured once per text (:mod:`kvswarm.swarm.capture`; cached): every layer's query
-per step, the prompt KV, the tokens.  The first ``profile_steps`` decode steps of a text are its
-co-activation profile (exact top-10% attention); later steps are the evaluation.  kvswarm's
-knobs are tuned on the *profile text* only (cost model, no I/O) and then evaluated on the
-other texts.
+corpus, or any UTF-8 file with ``--text-file``), captured once per text
+(:mod:`kvswarm.bench.capture`; cached): every layer's query per step, the prompt KV, the tokens.
+The first ``profile_steps`` decode steps of a text are its co-activation profile (exact top-10%
+attention); later steps are the evaluation.
 
-Strategies, side by side on the same selections' queries and the same drives:
-token top-k (No Cluster), fixed blocks (InfLLM/Quest-like), k-means keys (PQCache-like),
-RAID-0 without co-activation, Swarm as published (greedy clusters, medoid index, striping,
-bucket scheduler, cost-benefit cache) with no-balance / no-dedup ablations, kvswarm's best.
+Fair by construction:
+
+* **Same tuning.** Every strategy's knobs (block size, index size, cluster size, threshold) are
+  chosen by one pass over its grid (:data:`~kvswarm.bench.experiment.GRIDS`) with the drive model
+  on the *profile text* only, and so is every strategy's operating budget (where it attends the
+  mass the exact token top-``--budget`` attends there).  Evaluation runs on other texts; the
+  JSON records which, and the benchmark refuses to evaluate on the profile text.
+* **Same DRAM.** Every strategy gets the same DRAM budget (``--dram``) and runs with each cache
+  policy (per-layer LRU, cost-benefit), cold and preloaded from its own profile.  Ratios compare
+  cold with cold and preloaded with preloaded, each strategy with its better policy.
+* **No unused bytes.** Baselines are stored as their own systems store them (token-level entries
+  packed in token order into pages of consecutive tokens, blocks, key clusters), and every
+  strategy attends every entry it fetched: recall is measured on what was read, not on what
+  was selected.
+* **No throttle credit.** Before every timed step the drives are kept reading for a little over
+  one throttle slice (:class:`kvswarm.testbed.CreditDrain`), so no step runs on the idle credit
+  of the kernel's blkio throttle; the drive model's time of the same reads stands beside it.
+
+Strategies: token top-k (No Cluster), fixed blocks (InfLLM/Quest-like), k-means keys
+(PQCache-like), RAID-0 without co-activation (kvswarm's selection over striped blocks), Swarm as
+published (greedy overlapping clusters, medoid index, global-pointer striping, bucket scheduler,
+cost-benefit cache; see docs/swarm.md), kvswarm.
 
 I/O is real: each strategy's layout of the text's real KV is written to N emulated drives
 (loop devices capped in the kernel by blkio, see :mod:`kvswarm.testbed`; caps stated in the
-output), then every evaluation step is replayed layer by layer -- plan, one ``submit_get``
-batch over all drives, wait -- and timed.  Per strategy: I/O time per step, effective
-bandwidth and its share of the aggregate cap, read amplification, DRAM hit rate, attention
-recall (share of the offloaded attention mass attended, exact from the captured queries)
-and next-token agreement with the dense model (teacher-forced decode through the offloaded
-cache).  Speedups compare kvswarm's operating point with each baseline's I/O time at the
-same attention recall, interpolated on that baseline's recall/I-O curve.
+output), then every evaluation step is replayed -- plan, all layers' batches in flight, wait --
+and timed.  Per point: I/O time per step, bandwidth and its share of the aggregate cap, the
+drive model's time, read amplification, DRAM hit rate and attention recall.  Speedups compare
+kvswarm's I/O time at its operating point with each baseline's at the same recall, interpolated
+on that baseline's recall/I-O curve.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from kvswarm.bench import write_json
-from kvswarm.io.throttle import DriveCaps
-from kvswarm.sparse.base import budget_for, small_ops
-from kvswarm.swarm.capture import DecodeCapture, TextSpec, cached_capture
-from kvswarm.swarm.experiment import (
+from kvswarm.bench.capture import DecodeCapture, TextSpec, cached_capture
+from kvswarm.bench.experiment import (
+    CACHE_POLICIES,
+    GRIDS,
+    ORDER,
+    QUICK_GRIDS,
     SINKS,
     WINDOW,
     IOResult,
@@ -48,24 +63,27 @@ from kvswarm.swarm.experiment import (
     TextData,
     build_layouts,
     build_pq,
-    default_strategies,
     make_cache,
+    make_strategy,
     plan_steps,
     retrievers,
     run_selector,
     simulated_drives,
 )
+from kvswarm.errors import BadInput
+from kvswarm.io.throttle import DriveCaps
+from kvswarm.sparse.base import budget_for, small_ops
 from kvswarm.swarm.retrieval import DriveModel
 
 MiB = 1 << 20
-# io_steps: timed steps per point (+1 untimed warm-up); the full run is sized to finish in ~20-25
-# min on the shared 2-core machine (most of it the token and no-dedup baselines' many small reads).
-QUICK = {"io_steps": 4, "curve": [0.05, 0.1, 0.2, 0.3], "agreement_steps": 8, "contexts": [1024, 4096],
-         "eval_texts": ["man:0", "licenses:0"], "tune": "small", "online_layers": 4}
-FULL = {"io_steps": 6, "curve": [0.05, 0.1, 0.2, 0.3, 0.4], "agreement_steps": 16,
-        "contexts": [1024, 2048, 4096, 8192], "eval_texts": ["man:0", "licenses:0", "pydoc:1"], "tune": "full",
-        "online_layers": 6}
+# io_steps: timed steps per point (+1 untimed warm-up), each after a credit drain.
+QUICK = {"io_steps": 4, "curve": [0.025, 0.1, 0.3], "agreement_steps": 8, "contexts": [1024],
+         "eval_texts": ["licenses:0", "man:0"], "tune": "quick", "online_layers": 4, "capture_steps": 64}
+FULL = {"io_steps": 6, "curve": [0.025, 0.05, 0.1, 0.2, 0.3], "agreement_steps": 16,
+        "contexts": [1024, 2048], "eval_texts": ["licenses:0", "man:0"], "tune": "full",
+        "online_layers": 6, "capture_steps": 64}
 BASELINES = ("token", "blocks", "kmeans")
+STATES = {"cold": False, "warm": True}  # DRAM cache empty at the first step / preloaded from the profile
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,29 +95,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap-mbps", type=float, default=40.0, help="per-drive read cap, MB/s")
     p.add_argument("--cap-iops", type=float, default=2000.0, help="per-drive read cap, IOPS")
     p.add_argument("--emulation", choices=["auto", "kernel", "user-space"], default="auto")
-    # The kernel's blkio throttle grants up to one 100 ms slice of budget after an idle gap, so
-    # 1-20 ms per-layer batches waited for one by one pass partly unthrottled (measured 1.3-2x the
-    # cap on 1-2 drives); a whole step in flight keeps the drives busy (see replay()).
     p.add_argument("--replay", choices=["step", "layer"], default="step",
                    help="time a step with all its layers in flight (default) or layer after layer")
-    p.add_argument("--profile-text", default="pydoc:0", help="SOURCE:SEED of the text kvswarm is tuned on")
+    p.add_argument("--drain-s", type=float, default=0.15,
+                   help="seconds the drives read before every timed step (spends the throttle's idle credit)")
+    p.add_argument("--profile-text", default="pydoc:0", help="SOURCE:SEED of the text every strategy is tuned on")
     p.add_argument("--eval-texts", default=None, help="SOURCE:SEED,... evaluated (first one: I/O on drives)")
-    p.add_argument("--budget", type=float, default=0.1, help="kvswarm's operating budget (share of context)")
+    p.add_argument("--text-file", default=None,
+                   help="a UTF-8 text file evaluated first (I/O on drives), before --eval-texts")
+    p.add_argument("--budget", type=float, default=0.1,
+                   help="the token top-k share whose attention mass sets the recall compared")
     p.add_argument("--dram", type=float, default=0.05, help="DRAM cache, share of the offloaded entries")
     p.add_argument("--profile-steps", type=int, default=32)
+    p.add_argument("--capture-steps", type=int, default=None, help="decode steps captured per text (default 64)")
+    p.add_argument("--io-steps", type=int, default=None, help="timed steps per point (default 6; quick 4)")
+    p.add_argument("--curve", default=None, help="budgets of every recall/I-O curve, comma-separated")
+    p.add_argument("--contexts", default=None, help="context lengths of the utilisation sweep ('' for none)")
+    p.add_argument("--tune", choices=["quick", "full"], default=None,
+                   help="tuning grids: the first two entries of each strategy's grid, or all (default: full; quick: quick)")
+    p.add_argument("--no-clusterings", action="store_true", help="skip the clusterer comparison (drive model)")
     p.add_argument("--compute-ms", type=float, default=1.0, help="per-layer compute time the prefetch overlaps")
     p.add_argument("--no-agreement", action="store_true", help="skip the decode runs for token agreement")
+    p.add_argument("--summary", default=None,
+                   help="also write a small JSON (summary, settings, tuned knobs, headline table) here")
 
 
 # ---- captures --------------------------------------------------------------------------------
 def parse_text(s: str, tokens: int) -> TextSpec:
     src, _, seed = s.partition(":")
+    if src.startswith("file="):  # the --text-file form
+        return TextSpec("file:" + src.removeprefix("file="), 0, tokens)
     return TextSpec(src, int(seed or 0), tokens)
 
 
 class ModelOnce:
-    def __init__(self) -> None:
-        self.lm = None
+    """The default model, loaded when first needed (captures that are cached need none)."""
+
+    def __init__(self, lm=None) -> None:
+        self.lm = lm
 
     def __call__(self):
         if self.lm is None:
@@ -118,24 +151,22 @@ def load_text(spec: TextSpec, model: ModelOnce, log, profile_steps: int, steps: 
 @dataclass
 class TextRun:
     td: TextData
-    pq: object  # the default (64, 2) PQ index (the k-means baseline's)
-    clusters: dict = field(default_factory=dict)  # clustering function -> per-layer clusters
-    pqs: dict = field(default_factory=dict)  # (centroids, subspaces) -> other PQ indexes of the text
-    selections: dict[tuple[str, float], Selections] = field(default_factory=dict)
+    clusters: dict = field(default_factory=dict)  # Strategy.clusters_id -> per-layer clusters
+    pqs: dict = field(default_factory=dict)  # (centroids, subspaces) -> PQ index of the text
+    selections: dict[tuple, Selections] = field(default_factory=dict)
     cluster_s: dict[str, float] = field(default_factory=dict)
+    planned: dict[tuple, tuple] = field(default_factory=dict)  # (layout key, drives) -> (layouts, retrievers)
 
     def clusters_of(self, st: Strategy) -> dict:
-        """The strategy's clusters (strategies sharing a clustering function share the result)."""
-        if st.clusters not in self.clusters:
+        """The strategy's clusters (strategies with equal ``clusters_id`` share the result)."""
+        if st.clusters_id not in self.clusters:
             t0 = time.perf_counter()
-            self.clusters[st.clusters] = st.clusters(self.td)
+            self.clusters[st.clusters_id] = st.clusters(self.td)
             self.cluster_s[st.name] = time.perf_counter() - t0
-        return self.clusters[st.clusters]
+        return self.clusters[st.clusters_id]
 
     def pq_of(self, st: Strategy):
         """The text's PQ index with the strategy's code configuration (built once per configuration)."""
-        if tuple(st.pq) == (64, 2):
-            return self.pq
         if tuple(st.pq) not in self.pqs:
             self.pqs[tuple(st.pq)] = build_pq(self.td, *st.pq)
         return self.pqs[tuple(st.pq)]
@@ -145,7 +176,7 @@ class TextRun:
 
     def select(self, st: Strategy, strategies: dict[str, Strategy], sparsity: float, steps: range) -> Selections:
         owner = strategies[st.selection_of] if st.selection_of else st
-        k = (owner.name, sparsity)
+        k = (owner.name, repr(sorted(owner.knobs.items())), sparsity, steps.start, steps.stop)
         if k not in self.selections:
             with small_ops():
                 self.selections[k] = run_selector(self.td, self.selector(owner), sparsity, steps,
@@ -154,14 +185,18 @@ class TextRun:
 
 
 def estimate(run: TextRun, st: Strategy, strategies, sparsity: float, steps: range, drives: int, model: DriveModel,
-             dram: float) -> tuple[Selections, dict]:
-    """Recall and modelled I/O of a strategy (no drives): for tuning on the profile text."""
+             dram: float) -> dict:
+    """Attended recall and modelled I/O of a strategy (no drives): for tuning on the profile text."""
     td = run.td
     sel = run.select(st, strategies, sparsity, steps)
-    lays = build_layouts(st, td, run.clusters_of(st), drives, entry_bytes(td), model)
-    rets = retrievers(st, lays, simulated_drives(lays, drives), td.cap.prompt_len, entry_bytes(td), drives, model)
+    key = (layout_key(st), st.assign, st.dedup, drives)
+    if key not in run.planned:  # the layout and its retrievers do not depend on the budget
+        lays = build_layouts(st, td, run.clusters_of(st), drives, entry_bytes(td), model)
+        run.planned[key] = (lays, retrievers(st, lays, simulated_drives(lays, drives), td.cap.prompt_len,
+                                             entry_bytes(td), drives, model))
+    lays, rets = run.planned[key]
     cache = make_cache(st, int(dram * td.n * td.layers), lays, model, entry_bytes(td), td)
-    return sel, plan_steps(rets, sel, cache, None, model).summary(drives, model, entry_bytes(td))
+    return plan_steps(rets, sel, cache, None, model, td).summary(drives, model, entry_bytes(td))
 
 
 def entry_bytes(td: TextData) -> int:
@@ -169,23 +204,41 @@ def entry_bytes(td: TextData) -> int:
 
 
 # ---- tuning on the profile text -------------------------------------------------------------
-def tune(run: TextRun, grid: list[dict], sparsities: list[float], steps: range, model: DriveModel, dram: float,
-         target: float, log) -> tuple[dict, list[dict]]:
-    """kvswarm's knobs with the least modelled I/O at ``target`` recall on the profile text."""
-    rows = []
-    for knobs in grid:
-        st = next(s for s in default_strategies(knobs) if s.name == "kvswarm")
-        run.selections = {k: v for k, v in run.selections.items() if k[0] != "kvswarm"}
-        pts = []
-        for sp in sparsities:
-            sel, est = estimate(run, st, {"kvswarm": st}, sp, steps, 8, model, dram)
-            pts.append((float(sel.recall.mean()), est["io_ms"]))
-        io = interp_io(pts, target)
-        rows.append({"knobs": knobs, "io_ms_at_target": io[0], "reached": io[1], "points": pts})
-        log(f"  tune {knobs}: {io[0]:.1f} ms at recall {target:.3f} ({io[1]})")
-    best = min(rows, key=lambda r: (r["reached"] != "interpolated", r["io_ms_at_target"]))
-    run.selections = {k: v for k, v in run.selections.items() if k[0] != "kvswarm"}
-    return best["knobs"], rows
+def tune_all(run: TextRun, grids: dict[str, list[dict]], sparsities: list[float], steps: range, model: DriveModel,
+             dram: float, target: float, log) -> tuple[dict[str, dict], dict[str, float], dict]:
+    """The same pass for every strategy: each grid entry's modelled I/O at ``target`` (attended)
+    recall on the profile text, cold cost-benefit cache, 8 drives; the least wins.  Then each
+    strategy's operating budget: where its attended recall on the profile text reaches ``target``.
+    Returns (knobs, operating budgets, the rows)."""
+    tuned: dict[str, dict] = {}
+    ops: dict[str, float] = {}
+    rows: dict[str, list] = {}
+    for name in ORDER:
+        best = None
+        for knobs in grids[name]:
+            kn = {**knobs, "kvswarm": tuned.get("kvswarm", {})} if name == "raid0" else knobs
+            st = make_strategy(name, kn)
+            by = {"kvswarm": make_strategy("kvswarm", tuned.get("kvswarm")), name: st}
+            pts = []
+            for sp in sparsities:
+                est = estimate(run, st, by, sp, steps, 8, model, dram)
+                pts.append((sp, est["recall"], est["io_ms"]))
+            io, how = interp_io([(r, t) for _, r, t in pts], target)
+            rows.setdefault(name, []).append({"knobs": {k: v for k, v in kn.items() if k != "kvswarm"},
+                                              "io_ms_at_target": io, "reached": how, "points": pts})
+            log(f"  tune {name:8s} {knobs}: {io:.1f} ms at recall {target:.3f} ({how})")
+            key = (how.startswith("not reached"), io)  # an upper bound (target beaten early) competes
+            if best is None or key < best[0]:
+                best = (key, knobs, pts)
+        tuned[name] = dict(best[1])
+        sps = [p[0] for p in best[2]]
+        rec = np.maximum.accumulate([p[1] for p in best[2]])
+        op = float(np.interp(target, rec, sps)) if target <= rec[-1] else sps[-1]
+        ops[name] = round(float(np.ceil(op / 0.005) * 0.005), 3)
+    if "raid0" in tuned:
+        tuned["raid0"]["kvswarm"] = tuned["kvswarm"]
+        ops["raid0"] = ops["kvswarm"]  # it reads kvswarm's selection
+    return tuned, ops, rows
 
 
 def interp_io(points: list[tuple[float, float]], target: float) -> tuple[float, str]:
@@ -202,14 +255,6 @@ def interp_io(points: list[tuple[float, float]], target: float) -> tuple[float, 
 
 
 # ---- real I/O on emulated drives -------------------------------------------------------------
-@contextlib.contextmanager
-def testbed(n: int, drive_bytes: int, caps: DriveCaps, mode: str) -> Iterator[object]:
-    from kvswarm.testbed import Testbed
-
-    with Testbed(n, drive_bytes=drive_bytes, caps=caps, mode=mode) as tb:
-        yield tb
-
-
 def kv_of(cap: DecodeCapture) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.from_numpy(cap.k[i])[None], torch.from_numpy(cap.v[i])[None]) for i in range(cap.layers)]
 
@@ -222,12 +267,13 @@ def kv_layout(cap: DecodeCapture):
 
 
 def layout_key(st: Strategy) -> tuple:
-    return (st.clusters, st.layout, st.piece_bytes, st.replicate)
+    return (st.clusters_id, st.layout, st.piece_bytes, st.replicate)
 
 
 def write_sequence(store, run: TextRun, st: Strategy, n: int, model: DriveModel, dram: float, written: dict):
     """The strategy's sequence on ``store``: written once per layout, then viewed with the
-    strategy's own retrieval (replica choice, dedup) and a fresh DRAM cache."""
+    strategy's own retrieval (replica choice, dedup) and a fresh DRAM cache of its policy
+    (a preloaded cache's pieces are read now, at prefill, not during the timed steps)."""
     from kvswarm.swarm.sequence import SwarmSequence
 
     td = run.td
@@ -243,38 +289,35 @@ def write_sequence(store, run: TextRun, st: Strategy, n: int, model: DriveModel,
     base = written[key]
     cache = make_cache(st, int(dram * td.n * td.layers), base.layouts, model, entry_bytes(td), td)
     seq = base.view(assign=st.assign, dedup=st.dedup, cache=cache)
-    seq.load_cached()  # a preloaded cache's pieces are read now (at prefill), not during the timed steps
+    seq.load_cached()
     return seq, write_s
 
 
-def replay(seq, sel: Selections, model: DriveModel, warm: int = 1, mode: str = "step") -> IOResult:
+def replay(seq, sel: Selections, model: DriveModel, td: TextData, drain=None, warm: int = 1,
+           mode: str = "step") -> IOResult:
     """Replay every step of ``sel`` on the drives and time it.
 
     All steps are planned first (planning books the DRAM cache in decode order), then executed
-    back to back, so the drives never sit idle while Python plans (a kernel throttle would credit
-    that idle time).  ``mode="step"``: a step's reads for all layers are in flight together (one
-    batch per layer, as with cross-layer prefetch) and the step lasts until the last is verified;
+    one after another, each right after ``drain()`` (:class:`kvswarm.testbed.CreditDrain`: the
+    drives read for a little over one throttle slice, so no step runs on idle credit).
+    ``mode="step"``: a step's reads for all layers are in flight together (one batch per layer,
+    as with cross-layer prefetch) and the step lasts until the last is verified;
     ``mode="layer"``: each layer's batch is waited for before the next is submitted.  The first
-    ``warm`` steps are executed but not counted (they start the throttle's accounting)."""
+    ``warm`` steps are executed but not counted."""
     steps: list[list] = []
 
     def collect(plans):
         steps.append(plans)
         return 0.0
 
-    r = plan_steps(seq.retrievers, sel, seq.cache, collect, model, seq.book)
+    r = plan_steps(seq.retrievers, sel, seq.cache, collect, model, td, seq.book)
     for i, plans in enumerate(steps):
-        t0 = time.perf_counter()
-        if mode == "layer":
-            for layer, pos, plan in plans:
-                seq.submit_plan(layer, pos, plan).wait()
-        else:
-            for h in [seq.submit_plan(layer, pos, plan) for layer, pos, plan in plans]:
-                h.wait()
-        r.io_s[i] = time.perf_counter() - t0
+        if drain is not None:
+            drain()
+        r.io_s[i] = seq.read_step(plans, together=mode == "step")
     keep = slice(warm, None)
     return IOResult(r.io_s[keep], r.nbytes[keep], r.reads[keep], r.entries_read[keep], r.wanted[keep],
-                    r.hits[keep], r.model_s[keep], r.plan_s, r.per_drive_bytes)
+                    r.hits[keep], r.recall[keep], r.model_s[keep], r.plan_s, r.per_drive_bytes)
 
 
 def stored_bytes(run: TextRun, strategies: list[Strategy], n: int, model: DriveModel) -> int:
@@ -431,7 +474,7 @@ def clustering_experiment(run: TextRun, budget: float, model: DriveModel, drives
     step when clusters are striped over all drives (paper) or kept whole (one read per cluster),
     and the modelled I/O time of both layouts."""
     from kvswarm.format import extent_size
-    from kvswarm.swarm.experiment import coactivation_clusters
+    from kvswarm.bench.experiment import coactivation_clusters
 
     td = run.td
     eb = entry_bytes(td)
@@ -475,123 +518,143 @@ def make_name(name: str, kw: dict) -> str:
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
-def bench(args: argparse.Namespace, console) -> dict:
+def settings(args: argparse.Namespace) -> dict:
     cfg = dict(QUICK if args.quick else FULL)
+    if args.io_steps:
+        cfg["io_steps"] = args.io_steps
+    if args.curve:
+        cfg["curve"] = [float(x) for x in args.curve.split(",") if x]
+    if args.contexts is not None:
+        cfg["contexts"] = [int(x) for x in args.contexts.split(",") if x]
+    if args.capture_steps:
+        cfg["capture_steps"] = args.capture_steps
+    if args.tune:
+        cfg["tune"] = args.tune
+    evals = (args.eval_texts or ",".join(cfg["eval_texts"])).split(",")
+    if args.text_file:
+        from kvswarm.corpus import file_source
+
+        evals = ["file=" + file_source(args.text_file).removeprefix("file:")] + evals
+    cfg["eval_texts"] = evals
+    if cfg["capture_steps"] <= args.profile_steps + cfg["io_steps"] + 1:
+        raise BadInput(f"--capture-steps {cfg['capture_steps']} leaves no evaluation steps after "
+                       f"{args.profile_steps} profile steps ({cfg['io_steps'] + 1} needed)")
+    return cfg
+
+
+def bench(args: argparse.Namespace, console, lm=None) -> dict:
+    cfg = settings(args)
     log = lambda s: console.print(s)  # noqa: E731
     model = DriveModel(args.cap_mbps * 1e6, args.cap_iops)
     caps = DriveCaps(read_mbps=args.cap_mbps, read_iops=args.cap_iops)
     drives = [int(x) for x in args.drive_counts.split(",")]
-    lm = ModelOnce()
-    evals = (args.eval_texts or ",".join(cfg["eval_texts"])).split(",")
+    nmax = max(drives)
+    lm = ModelOnce(lm)
     args.tokens = args.tokens or 4096
     args.backend = args.backend or "uring"
+    specs = [parse_text(s, args.tokens) for s in cfg["eval_texts"]]
+    prof_spec = parse_text(args.profile_text, args.tokens)
+    if prof_spec.key in {s.key for s in specs}:
+        raise BadInput(f"the profile text {args.profile_text} is also an evaluation text: every strategy is "
+                       "tuned on it, so none may be evaluated on it")
     out: dict = {"config": {**cfg, "drives": drives, "cap_mbps": args.cap_mbps, "cap_iops": args.cap_iops,
-                            "tokens": args.tokens, "profile_text": args.profile_text, "eval_texts": evals,
-                            "sparsity": args.budget, "dram": args.dram, "profile_steps": args.profile_steps,
-                            "date": time.strftime("%Y-%m-%d %H:%M:%S")}}
+                            "tokens": args.tokens, "profile_text": prof_spec.label,
+                            "eval_texts": [s.label for s in specs], "sparsity": args.budget, "dram": args.dram,
+                            "profile_steps": args.profile_steps, "drain_s": args.drain_s, "replay": args.replay,
+                            "cache_policies": list(CACHE_POLICIES), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                            "load_average_start": list(os.getloadavg())}}
     torch.set_num_threads(1)
+    steps_cap = cfg["capture_steps"]
 
-    # 1. tune kvswarm on the profile text (cost model only)
+    # 1. tune every strategy on the profile text (drive model only)
     t0 = time.perf_counter()
-    prof = TextRun(load_text(parse_text(args.profile_text, args.tokens), lm, log, args.profile_steps), None)
-    prof.pq = build_pq(prof.td)
-    tsteps = range(prof.td.profile_steps, prof.td.profile_steps + 6)
-    tok = next(s for s in default_strategies() if s.name == "token")
-    target = float(run_selector(prof.td, tok.selector(None, None, prof.td), args.budget, tsteps).recall.mean())
-    grid = [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
-            {"clusterer": "partition", "size": 20}]
-    if cfg["tune"] == "full":
-        grid += [{"clusterer": "partition", "size": 8}, {"clusterer": "partition", "size": 16},
-                 {"clusterer": "partition", "size": 12, "piece_bytes": 24 << 10, "replicate": 0.3},
-                 {"clusterer": "partition", "size": 12, "piece_bytes": 96 << 10, "replicate": 0.0}]
-    log(f"tuning kvswarm on {prof.td.label} (target recall {target:.3f}: the token oracle at {args.budget:g})")
-    best, rows = tune(prof, grid, [args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget],
-                      tsteps, model, args.dram, target, log)
-    pts = sorted(next(r for r in rows if r["knobs"] == best)["points"])
-    sps = sorted([args.budget, 1.5 * args.budget, 2 * args.budget, 3 * args.budget])
-    rec_at = [p[0] for p in sorted(zip([p[0] for p in pts], sps))]
-    # kvswarm's operating budget: where, on the profile text, it attends the mass of the exact top-k
-    op = float(np.interp(target, np.maximum.accumulate(rec_at), sps)) if target <= max(rec_at) else sps[-1]
-    args.op_budget = round(np.ceil(op / 0.005) * 0.005, 3)
-    out["tuning"] = {"text": prof.td.label, "target_recall": target, "rows": rows, "best": best,
-                     "op_budget": args.op_budget, "seconds": time.perf_counter() - t0}
-    log(f"kvswarm best on the profile text: {best}, operating budget {args.op_budget:g} (its recall there "
-        f"matches the token oracle's at {args.budget:g})")
-    strategies = default_strategies(best)
+    prof = TextRun(load_text(prof_spec, lm, log, args.profile_steps, steps_cap))
+    tsteps = range(prof.td.profile_steps, min(prof.td.cap.steps, prof.td.profile_steps + 4))
+    exact = run_selector(prof.td, make_strategy("token").selector(None, None, prof.td), args.budget, tsteps)
+    target = float(exact.recall.mean())
+    grids = GRIDS if cfg["tune"] == "full" else QUICK_GRIDS
+    log(f"tuning every strategy on {prof.td.label} (target recall {target:.3f}: the exact token top-"
+        f"{args.budget:g} there)")
+    sps = [0.25 * args.budget, 0.5 * args.budget, args.budget, 2 * args.budget, 3 * args.budget]
+    tuned, ops, rows = tune_all(prof, grids, sps, tsteps, model, args.dram, target, log)
+    out["tuning"] = {"text": prof.td.label, "target_recall": target, "rows": rows,
+                     "best": {k: {a: b for a, b in v.items() if a != "kvswarm"} for k, v in tuned.items()},
+                     "op_budget": ops, "seconds": time.perf_counter() - t0}
+    log("tuned: " + "; ".join(f"{k} {out['tuning']['best'][k]} at budget {ops[k]:g}" for k in ORDER))
+    strategies = [make_strategy(n, tuned[n]) for n in ORDER]
     by_name = {s.name: s for s in strategies}
-
     phase = {"tune": time.perf_counter() - t0}
     t_ph = time.perf_counter()
 
-    # 2. evaluation texts: selections and recall curves
-    runs: dict[str, TextRun] = {}
-    eval_steps_all: dict[str, range] = {}
-    out["recall"] = {}
-    for spec in evals:
-        td = load_text(parse_text(spec, args.tokens), lm, log, args.profile_steps)
-        run = TextRun(td, build_pq(td))
-        runs[td.label] = run
-        steps = range(td.profile_steps, min(td.cap.steps, td.profile_steps + cfg["io_steps"] + 1))
-        eval_steps_all[td.label] = steps
-        rec = {}
+    # 2. evaluation texts: recall (selected and attended) and modelled I/O at each operating budget
+    runs: list[TextRun] = []
+    out["texts"] = {}
+    for spec in specs:
+        run = TextRun(load_text(spec, lm, log, args.profile_steps, steps_cap))
+        runs.append(run)
+        steps = eval_steps(run.td, cfg)
+        per = {}
         for st in strategies:
-            for sp in curve_for(st, cfg, args):
-                sel = run.select(st, by_name, sp, steps)
-                rec.setdefault(st.name, {})[str(sp)] = {"recall": float(sel.recall.mean()), "entries": sel.entries,
-                                                         "select_ms": 1e3 * sel.select_s}
-        out["recall"][td.label] = rec
-        log(f"{td.label}: recall at {args.budget:g} (kvswarm, raid0: {args.op_budget:g}): " + ", ".join(
-            f"{k} {v[str(op_for(by_name[k], args))]['recall']:.3f}" for k, v in rec.items()))
-    io_run = runs[next(iter(runs))]
-    out["clustering"] = {label: clustering_experiment(r, args.budget, model) for label, r in runs.items()}
-    for label, per in out["clustering"].items():
-        log(f"clusterings on {label} (fetching the clusters of the exact top-{args.budget:g}):")
-        for name, v in per.items():
-            log(f"  {name:55s} read/needed {v['read_per_needed']:.2f}  reads/step striped "
-                f"{v['reads_per_step_striped']:.0f} whole {v['reads_per_step_whole']:.0f}  model ms striped "
-                f"{v['io_model_ms_striped']:.1f} whole {v['io_model_ms_whole']:.1f}")
-
-    phase["selections_clusterings"] = time.perf_counter() - t_ph
+            sel = run.select(st, by_name, ops[st.name], steps)
+            est = estimate(run, st, by_name, ops[st.name], steps, nmax, model, args.dram)
+            per[st.name] = {"selected_recall": float(sel.recall.mean()), "recall": est["recall"],
+                            "io_model_ms": est["io_model_ms"], "select_ms": 1e3 * sel.select_s,
+                            "index_mib": sel.index_bytes / MiB}
+        out["texts"][run.td.label] = per
+        log(f"{run.td.label}: attended recall / modelled ms at the operating budgets: " + ", ".join(
+            f"{k} {v['recall']:.3f}/{v['io_model_ms']:.0f}" for k, v in per.items()))
+    io_run = runs[0]
+    out["config"]["io_text"] = io_run.td.label
+    if not args.no_clusterings:
+        out["clustering"] = {r.td.label: clustering_experiment(r, args.budget, model) for r in runs[:1]}
+    phase["texts"] = time.perf_counter() - t_ph
     t_ph = time.perf_counter()
 
-    # 3. real I/O: every strategy on N drives; the full recall/I-O curve on the largest N
+    # 3. real I/O: every strategy x cache policy x cold/preloaded; full curves on the largest N
     out["io"] = {}
-    nmax = max(drives)
+    steps = eval_steps(io_run.td, cfg)
+    from kvswarm.testbed import drives as open_drives
+    from kvswarm.swarm.layout import SwarmPlacement
+
     for n in drives:
         need = stored_bytes(io_run, strategies, n, model)
-        drive_bytes = int((need / n) * 1.3 + 64 * MiB) // 4096 * 4096
-        with testbed(n, drive_bytes, caps, args.emulation) as tb:
+        with open_drives(n, "testbed" if args.emulation == "auto" else args.emulation,
+                         int((need / n) * 1.3 + 64 * MiB) // 4096 * 4096, caps=caps) as tb:
             out.setdefault("testbed", {})[str(n)] = {"describe": tb.describe(), **tb.info()}
-            from kvswarm.swarm.layout import SwarmPlacement
-
             store = tb.open_store(backend=args.backend, placement=SwarmPlacement(), queue_depth=64,
                                   buffer_pool_bytes=256 * MiB)
             written: dict = {}
             try:
-                for st in strategies:
-                    sps = curve_for(st, cfg, args) if n == nmax else [op_for(st, args)]
-                    for sp in sps:
-                        sel = io_run.select(st, by_name, sp, eval_steps_all[io_run.td.label])
-                        seq, write_s = write_sequence(store, io_run, st, n, model, args.dram, written)
-                        r = replay(seq, sel, model, mode=args.replay)
-                        summ = r.summary(n, model, entry_bytes(io_run.td))
-                        summ.update(recall=float(sel.recall[1:].mean()), entries=sel.entries,
-                                    read_amplification_vs_budget=float(r.entries_read.mean() / (
-                                        io_run.td.layers * budget_for(sp, io_run.td.n))),
-                                    write_s=write_s, objects=seq.object_count())
-                        out["io"].setdefault(st.name, {}).setdefault(str(n), {})[str(sp)] = summ
-                        log(f"  N={n} {st.name:16s} s={sp:<5g} io {summ['io_ms']:7.1f} ms  util "
-                            f"{summ['utilisation']:.2f}  recall {summ['recall']:.3f}  hit {summ['dram_hit_rate']:.2f}")
-                    if n == nmax and st.name == "kvswarm":
-                        out["prefetch"] = prefetch_experiment(seq, io_run, st, by_name, args, model)
+                with tb.drain(args.drain_s) as drain:
+                    for st in strategies:
+                        for state, warm in STATES.items():
+                            for pol in CACHE_POLICIES if n == nmax else ("cost_benefit",):
+                                v = st.variant(pol, warm)
+                                for sp in curve_for(st, cfg, ops) if n == nmax else [ops[st.name]]:
+                                    sel = io_run.select(st, by_name, sp, steps)
+                                    seq, write_s = write_sequence(store, io_run, v, n, model, args.dram, written)
+                                    r = replay(seq, sel, model, io_run.td, drain, mode=args.replay)
+                                    summ = r.summary(n, model, entry_bytes(io_run.td))
+                                    summ.update(selected_recall=float(sel.recall[1:].mean()), write_s=write_s,
+                                                read_amplification_vs_budget=float(r.entries_read.mean() / (
+                                                    io_run.td.layers * budget_for(sp, io_run.td.n))))
+                                    out["io"].setdefault(st.name, {}).setdefault(state, {}).setdefault(
+                                        pol, {}).setdefault(str(n), {})[str(sp)] = summ
+                                    log(f"  N={n} {st.name:8s} {state} {pol:13s} s={sp:<5g} io {summ['io_ms']:7.1f} "
+                                        f"ms (model {summ['io_model_ms']:6.1f})  util {summ['utilisation']:.2f}  "
+                                        f"recall {summ['recall']:.3f}  hit {summ['dram_hit_rate']:.2f}")
+                    if n == nmax:
+                        kv = by_name["kvswarm"].variant("cost_benefit", True)
+                        seq, _ = write_sequence(store, io_run, kv, n, model, args.dram, written)
+                        out["prefetch"] = prefetch_experiment(seq, io_run, kv, by_name, ops["kvswarm"], args, model)
             finally:
                 store.close()
-
     phase["io"] = time.perf_counter() - t_ph
     t_ph = time.perf_counter()
 
-    # 4. utilisation vs context length (largest N, operating budget)
-    out["context"] = context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, nmax)
+    # 4. utilisation vs context length (largest N, operating budgets, cold cost-benefit caches)
+    if cfg["contexts"]:
+        out["context"] = context_experiment(args, cfg, strategies, by_name, ops, lm, log, model, caps, nmax)
     phase["context"] = time.perf_counter() - t_ph
     t_ph = time.perf_counter()
 
@@ -602,86 +665,110 @@ def bench(args: argparse.Namespace, console) -> dict:
             if st.selection_of:
                 continue
             with small_ops():
-                out["agreement"][st.name] = agreement(io_run, st, by_name, op_for(st, args), cfg["agreement_steps"],
-                                                      lm)
+                out["agreement"][st.name] = agreement(io_run, st, by_name, ops[st.name], cfg["agreement_steps"], lm)
             log(f"  agreement {st.name}: {out['agreement'][st.name]:.3f}")
     layers = list(np.linspace(1, io_run.td.layers - 1, cfg["online_layers"]).astype(int))
     out["online"] = online_experiment(io_run, by_name["kvswarm"], [int(x) for x in layers], args.budget)
-    out["config"]["op_budget"] = args.op_budget
     phase["agreement_online"] = time.perf_counter() - t_ph
     phase["total"] = time.perf_counter() - t0
     out["phase_s"] = phase
+    out["config"]["load_average_end"] = list(os.getloadavg())
     log("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in phase.items()))
-    out["summary"] = summarize(out, args, nmax)
+    out["summary"] = summarize(out, ops, nmax)
     return out
 
 
-def prefetch_experiment(seq, run: TextRun, st, by_name, args, model) -> dict:
-    sel = run.select(st, by_name, args.op_budget, range(run.td.profile_steps, run.td.profile_steps + 4))
+def eval_steps(td: TextData, cfg: dict) -> range:
+    """The evaluation steps replayed: after the profile, one untimed warm-up and ``io_steps`` timed."""
+    return range(td.profile_steps, min(td.cap.steps, td.profile_steps + cfg["io_steps"] + 1))
+
+
+def prefetch_experiment(seq, run: TextRun, st: Strategy, by_name, op: float, args, model) -> dict:
+    sel = run.select(st, by_name, op, range(run.td.profile_steps, run.td.profile_steps + 4))
     cache = make_cache(st, int(args.dram * run.td.n * run.td.layers), seq.layouts, model, entry_bytes(run.td),
                        run.td)
     return prefetch_model(seq.retrievers, sel, cache, model, args.compute_ms / 1e3)
 
 
-def context_experiment(args, cfg, strategies, by_name, lm, log, model, caps, n) -> dict:
-    res = {}
-    names = ["token", "blocks", "kmeans", "swarm", "kvswarm"]
-    src = (args.eval_texts or cfg["eval_texts"][0]).split(",")[0]
-    for ctx in cfg["contexts"]:
-        spec = parse_text(src, ctx)
-        td = load_text(spec, lm, log, args.profile_steps)
-        run = TextRun(td, build_pq(td))
-        steps = range(td.profile_steps, td.profile_steps + 4)
-        sts = [by_name[x] for x in names]
-        need = stored_bytes(run, sts, n, model)
-        with testbed(n, int((need / n) * 1.3 + 64 * MiB) // 4096 * 4096, caps, args.emulation) as tb:
-            from kvswarm.swarm.layout import SwarmPlacement
+def context_experiment(args, cfg, strategies, by_name, ops, lm, log, model, caps, n) -> dict:
+    from kvswarm.swarm.layout import SwarmPlacement
+    from kvswarm.testbed import drives as open_drives
 
+    res = {}
+    src = cfg["eval_texts"][0]
+    for ctx in cfg["contexts"]:
+        td = load_text(parse_text(src, ctx), lm, log, args.profile_steps, cfg["capture_steps"])
+        run = TextRun(td)
+        steps = range(td.profile_steps, td.profile_steps + 4)
+        sts = [s.variant("cost_benefit", False) for s in strategies]
+        need = stored_bytes(run, sts, n, model)
+        with open_drives(n, "testbed" if args.emulation == "auto" else args.emulation,
+                         int((need / n) * 1.3 + 64 * MiB) // 4096 * 4096, caps=caps) as tb:
             store = tb.open_store(backend=args.backend, placement=SwarmPlacement(), queue_depth=64,
                                   buffer_pool_bytes=256 * MiB)
             written: dict = {}
             try:
-                for st in sts:
-                    sel = run.select(st, by_name, op_for(st, args), steps)
-                    seq, _ = write_sequence(store, run, st, n, model, args.dram, written)
-                    summ = replay(seq, sel, model, mode=args.replay).summary(n, model, entry_bytes(td))
-                    summ.update(recall=float(sel.recall[1:].mean()), select_ms=1e3 * sel.select_s)
-                    res.setdefault(st.name, {})[str(ctx)] = summ
-                    log(f"  ctx {ctx} {st.name:8s} io {summ['io_ms']:7.1f} ms util {summ['utilisation']:.2f} "
-                        f"select {summ['select_ms']:.2f} ms")
+                with tb.drain(args.drain_s) as drain:
+                    for st in sts:
+                        sel = run.select(st, by_name, ops[st.name], steps)
+                        seq, _ = write_sequence(store, run, st, n, model, args.dram, written)
+                        summ = replay(seq, sel, model, td, drain, mode=args.replay).summary(n, model, entry_bytes(td))
+                        summ.update(select_ms=1e3 * sel.select_s)
+                        res.setdefault(st.name, {})[str(ctx)] = summ
+                        log(f"  ctx {ctx} {st.name:8s} io {summ['io_ms']:7.1f} ms util {summ['utilisation']:.2f} "
+                            f"recall {summ['recall']:.3f}")
             finally:
                 store.close()
     return res
 
 
-def summarize(out: dict, args, n: int) -> dict:
+def best_point(io: dict, name: str, state: str, n: int, op: float) -> tuple[str, dict]:
+    """A strategy's measured point at its operating budget with its better cache policy."""
+    pts = [(pol, per[str(n)][str(op)]) for pol, per in io[name][state].items() if str(op) in per.get(str(n), {})]
+    return min(pts, key=lambda p: p[1]["io_ms"])
+
+
+def at_recall(io: dict, name: str, state: str, n: int, recall: float, key: str) -> tuple[float, str, str]:
+    """A strategy's ``key`` time at ``recall`` on its measured curve, with its better cache policy."""
+    got = []
+    for pol, per in io[name][state].items():
+        pts = [(v["recall"], v[key]) for v in per.get(str(n), {}).values()]
+        if len(pts) >= 2:
+            t, how = interp_io(pts, recall)
+            got.append((t, how, pol))
+    return min(got)
+
+
+def summarize(out: dict, ops: dict[str, float], n: int) -> dict:
     io = out["io"]
-    sp = str(args.op_budget)
-    best = io["kvswarm"][str(n)][sp]
-    s = {"util_8_drives" if n == 8 else f"util_{n}_drives": best["utilisation"],
-         "kvswarm_io_ms": best["io_ms"], "kvswarm_recall": best["recall"]}
-    for name in io:
-        pts = [(v["recall"], v["io_ms"]) for v in io[name][str(n)].values()]
-        own = str(op_for(by_name_of(name), args))
-        s[f"attention_mass_{name}"] = io[name][str(n)].get(own, {}).get("recall", float("nan"))
-        s[f"io_ms_{name}"] = io[name][str(n)].get(own, {}).get("io_ms", float("nan"))
-        if name in BASELINES or name in ("raid0", "swarm"):
-            at, how = interp_io(pts, best["recall"])
-            key = {"token": "speedup_vs_token", "blocks": "speedup_vs_block", "kmeans": "speedup_vs_kmeans"}.get(
-                name, f"speedup_vs_{name}")
-            s[key] = at / best["io_ms"]
-            s[key + "_basis"] = how
-            at_m, _ = interp_io([(v["recall"], v["io_model_ms"]) for v in io[name][str(n)].values()], best["recall"])
-            s[key.replace("speedup", "model_speedup")] = at_m / best["io_model_ms"]
-    if "kvswarm_cold" in io and "blocks" in io:  # ablation: kvswarm without the preloaded DRAM cache
-        cold = io["kvswarm_cold"][str(n)][sp]
-        at, _ = interp_io([(v["recall"], v["io_ms"]) for v in io["blocks"][str(n)].values()], cold["recall"])
-        s["cold_speedup_vs_block"] = at / cold["io_ms"]
-    s["kvswarm_budget"] = args.op_budget
-    s["token_budget"] = args.budget
-    for nn, per in io["kvswarm"].items():
-        if sp in per:
-            s[f"kvswarm_io_ms_{nn}_drives"] = per[sp]["io_ms"]
+    s: dict = {"drives": n, "target_recall": out["tuning"]["target_recall"],
+               "tuned_on": out["tuning"]["text"], "evaluated_on": out["config"]["io_text"],
+               "evaluated_on_tuning_text": float(out["tuning"]["text"] in out["config"]["eval_texts"])}
+    for state in STATES:
+        pol, kv = best_point(io, "kvswarm", state, n, ops["kvswarm"])
+        s[f"kvswarm_io_ms_{state}"] = kv["io_ms"]
+        s[f"kvswarm_io_model_ms_{state}"] = kv["io_model_ms"]
+        s[f"kvswarm_recall_{state}"] = kv["recall"]
+        s[f"kvswarm_policy_{state}"] = pol
+        s[f"util_{n}_drives_{state}"] = kv["utilisation"]
+        for name in io:
+            if name == "kvswarm":
+                continue
+            t, how, bpol = at_recall(io, name, state, n, kv["recall"], "io_ms")
+            s[f"speedup_vs_{name}_{state}"] = t / kv["io_ms"]
+            s[f"speedup_vs_{name}_{state}_basis"] = f"{how}, {bpol}"
+            tm, _, _ = at_recall(io, name, state, n, kv["recall"], "io_model_ms")
+            s[f"model_speedup_vs_{name}_{state}"] = tm / kv["io_model_ms"]
+    s[f"util_{n}_drives"] = s[f"util_{n}_drives_cold"]
+    pts = [v for per_s in io.values() for per_p in per_s.values() for per_n in per_p.values()
+           for per_sp in per_n.values() for v in per_sp.values()]
+    s["max_utilisation"] = max(v["utilisation"] for v in pts)
+    s["max_model_utilisation"] = max(v["model_utilisation"] for v in pts)
+    for nn, per in io["kvswarm"]["cold"]["cost_benefit"].items():
+        if str(ops["kvswarm"]) in per:
+            s[f"kvswarm_io_ms_{nn}_drives"] = per[str(ops["kvswarm"])]["io_ms"]
+    for k, v in ops.items():
+        s[f"budget_{k}"] = v
     if "prefetch" in out:
         s["prefetch_precision"] = out["prefetch"]["precision"]
         s["prefetch_recall"] = out["prefetch"]["recall"]
@@ -691,46 +778,42 @@ def summarize(out: dict, args, n: int) -> dict:
     return {k: (float(v) if isinstance(v, (int, float, np.floating)) else v) for k, v in s.items()}
 
 
-def op_for(st: Strategy, args) -> float:
-    """A strategy's operating budget: kvswarm's (and RAID-0's, which reads kvswarm's selection) was
-    set on the profile text; the baselines run at ``--budget``."""
-    return args.op_budget if (st.selection_of or st.name) == "kvswarm" else args.budget
-
-
-def curve_for(st: Strategy, cfg: dict, args) -> list[float]:
-    return sorted(set(cfg["curve"]) | {op_for(st, args)})
-
-
-def by_name_of(name: str) -> Strategy:
-    return Strategy(name, name, None, None, selection_of="kvswarm" if name in ("raid0", "kvswarm_cold") else None)
+def curve_for(st: Strategy, cfg: dict, ops: dict[str, float]) -> list[float]:
+    return sorted(set(cfg["curve"]) | {ops[st.name]})
 
 
 # ---- output ----------------------------------------------------------------------------------
 def print_tables(out: dict, args, console) -> None:
     from rich.table import Table
 
-    n = str(max(int(x) for x in args.drive_counts.split(",")))
-    sp = str(args.budget)
-    t = Table(title=f"sparse decode I/O on {n} drives, budget {sp} (kvswarm, raid0: {args.op_budget:g}) "
-                    f"({out['config']['eval_texts'][0]}; "
-                    f"caps {args.cap_mbps:g} MB/s, {args.cap_iops:g} IOPS per drive)")
-    for c in ("strategy", "I/O ms/step", "MB/step", "reads/step", "util", "RA", "DRAM hit", "recall",
-              "agreement"):
-        t.add_column(c, justify="right")
-    for name, per in out["io"].items():
-        v = per[n].get(str(op_for(by_name_of(name), args)))
-        if v is None:
-            continue
-        t.add_row(name, f"{v['io_ms']:.1f}", f"{v['mb_per_step']:.1f}", f"{v['reads_per_step']:.0f}",
-                  f"{v['utilisation']:.2f}", f"{v['read_amplification_vs_budget']:.2f}", f"{v['dram_hit_rate']:.2f}",
-                  f"{v['recall']:.3f}", f"{out.get('agreement', {}).get(name, float('nan')):.2f}")
-    console.print(t)
     s = out["summary"]
-    console.print(
-        f"kvswarm vs token / blocks / k-means at equal attention recall ({s['kvswarm_recall']:.3f}): "
-        f"{s['speedup_vs_token']:.2f}x / {s['speedup_vs_block']:.2f}x / {s['speedup_vs_kmeans']:.2f}x "
-        f"lower I/O time (targets 4.0x / 2.7x / 1.6x); vs Swarm as published {s.get('speedup_vs_swarm', 0):.2f}x; "
-        f"utilisation on {n} drives {s.get('util_8_drives', float('nan')):.2f} (target 0.90)")
+    n = int(s["drives"])
+    ops = out["tuning"]["op_budget"]
+    t = Table(title=f"sparse decode I/O on {n} drives at each strategy's operating budget, better cache policy "
+                    f"(tuned on {out['tuning']['text']}, measured on {out['config']['io_text']}; caps "
+                    f"{args.cap_mbps:g} MB/s, {args.cap_iops:g} IOPS per drive; credit drained before every step)")
+    for c in ("strategy", "DRAM", "policy", "budget", "I/O ms/step", "model ms", "MB/step", "reads/step", "util",
+              "DRAM hit", "recall", "agreement"):
+        t.add_column(c, justify="right")
+    for name in out["io"]:
+        for state in STATES:
+            pol, v = best_point(out["io"], name, state, n, ops[name])
+            t.add_row(name, state, pol, f"{ops[name]:g}", f"{v['io_ms']:.1f}", f"{v['io_model_ms']:.1f}",
+                      f"{v['mb_per_step']:.1f}", f"{v['reads_per_step']:.0f}", f"{v['utilisation']:.2f}",
+                      f"{v['dram_hit_rate']:.2f}", f"{v['recall']:.3f}",
+                      f"{out.get('agreement', {}).get(name, float('nan')):.2f}")
+    console.print(t)
+    for state in STATES:
+        console.print(
+            f"{state} vs {state}: kvswarm vs token / blocks / k-means at equal attention recall "
+            f"({s[f'kvswarm_recall_{state}']:.3f}): {s[f'speedup_vs_token_{state}']:.2f}x / "
+            f"{s[f'speedup_vs_blocks_{state}']:.2f}x / {s[f'speedup_vs_kmeans_{state}']:.2f}x lower I/O time "
+            f"(drive model {s[f'model_speedup_vs_token_{state}']:.2f}x / {s[f'model_speedup_vs_blocks_{state}']:.2f}x"
+            f" / {s[f'model_speedup_vs_kmeans_{state}']:.2f}x); vs Swarm as published "
+            f"{s[f'speedup_vs_swarm_{state}']:.2f}x, vs RAID-0 {s[f'speedup_vs_raid0_{state}']:.2f}x")
+    console.print(f"targets (cold): 4.0x / 2.7x / 1.6x; utilisation of kvswarm on {n} drives "
+                  f"{s[f'util_{n}_drives']:.2f} (target 0.90); highest utilisation measured "
+                  f"{s['max_utilisation']:.2f} (at most 1.0 without credit)")
 
 
 def plot(out: dict, args, path: str) -> None:
@@ -740,44 +823,69 @@ def plot(out: dict, args, path: str) -> None:
     import matplotlib.pyplot as plt
 
     base = os.path.splitext(path)[0]
+    ops = out["tuning"]["op_budget"]
+    n = str(out["summary"]["drives"]).split(".")[0]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, per in out["io"].items():
-        own = str(op_for(by_name_of(name), args))
-        ns = sorted((int(k) for k in per if own in per[k]))
-        ax.plot(ns, [per[str(k)][own]["io_ms"] for k in ns], marker="o", label=name)
-    ax.set(xlabel="drives", ylabel="I/O time per step (ms)", yscale="log", title="I/O time vs drives")
+        cb = per["cold"]["cost_benefit"]
+        ns = sorted(int(k) for k in cb if str(ops[name]) in cb[k])
+        ax.plot(ns, [cb[str(k)][str(ops[name])]["io_ms"] for k in ns], marker="o", label=name)
+    ax.set(xlabel="drives", ylabel="I/O time per step (ms)", yscale="log", title="I/O time vs drives (cold)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(base + "-drives.png", dpi=120)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, per in out.get("context", {}).items():
-        cs = sorted(int(k) for k in per)
-        ax.plot(cs, [per[str(c)]["utilisation"] for c in cs], marker="o", label=name)
-    ax.set(xlabel="context tokens", ylabel="bandwidth utilisation", xscale="log", title="utilisation vs context")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(base + "-context.png", dpi=120)
-    n = str(max(int(x) for x in args.drive_counts.split(",")))
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, per in out["io"].items():
-        pts = sorted((v["recall"], v["io_ms"]) for v in per[n].values())
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set(xlabel="attention recall (offloaded mass attended)", ylabel="I/O time per step (ms)", yscale="log",
-           title=f"I/O time vs attention mass, {n} drives")
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, state in zip(axes, STATES):
+        for name, per in out["io"].items():
+            for pol, ls in zip(CACHE_POLICIES, ("--", "-")):
+                pts = sorted((v["recall"], v["io_ms"]) for v in per[state][pol].get(n, {}).values())
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls, marker="o", label=f"{name} {pol}")
+        ax.set(xlabel="attention recall (mass of the entries fetched)", ylabel="I/O time per step (ms)",
+               yscale="log", title=f"{state} DRAM cache, {n} drives")
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(base + "-curve.png", dpi=120)
+    if out.get("context"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, per in out["context"].items():
+            cs = sorted(int(k) for k in per)
+            ax.plot(cs, [per[str(c)]["utilisation"] for c in cs], marker="o", label=name)
+        ax.set(xlabel="context tokens", ylabel="bandwidth utilisation", xscale="log", title="utilisation vs context")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(base + "-context.png", dpi=120)
     plt.close("all")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, lm=None) -> int:
+    """``lm``: an already loaded model (tests); default: the embedded SmolLM2, loaded if a text needs capturing."""
     from rich.console import Console
 
     console = Console()
-    out = bench(args, console)
+    if not console.is_terminal:  # logs and CI: keep the wide tables readable
+        console = Console(width=200)
+    out = bench(args, console, lm)
     print_tables(out, args, console)
     if args.json:
         write_json(args.json, out)
         plot(out, args, args.json)
         console.print(f"wrote {args.json} (+ plots)")
+    if args.summary:
+        write_json(args.summary, small(out))
+        console.print(f"wrote {args.summary}")
     return 0
+
+
+def small(out: dict) -> dict:
+    """The evidence kept in the repository: summary, settings, tuned knobs and the headline table."""
+    n = int(out["summary"]["drives"])
+    ops = out["tuning"]["op_budget"]
+    table = {}
+    for name in out["io"]:
+        for state in STATES:
+            pol, v = best_point(out["io"], name, state, n, ops[name])
+            table[f"{name}_{state}"] = {"policy": pol, "budget": ops[name], **{k: v[k] for k in (
+                "io_ms", "io_model_ms", "mb_per_step", "reads_per_step", "utilisation", "dram_hit_rate", "recall")}}
+    return {"summary": out["summary"], "config": out["config"], "tuned": out["tuning"]["best"],
+            "op_budget": ops, "target_recall": out["tuning"]["target_recall"], "table": table,
+            "testbed": {k: v["describe"] for k, v in out.get("testbed", {}).items()}, "phase_s": out["phase_s"]}

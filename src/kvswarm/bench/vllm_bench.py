@@ -8,16 +8,20 @@ chunks and driven the way vLLM's tiering manager drives them (``submit_store`` /
    request's load, per block size, next to the raw O_DIRECT ceiling over the same data
    (``kvswarm.io.raw`` reading kvswarm's own extents: tuned threads and io_uring depths,
    file and random order; the method that tuned best, sampled before and after the tiers'
-   restores in every round).  Next to it, the same reads each followed by a copy of the block
-   into its primary-tier chunk ("raw + delivery"): the least any tier must do, since loads land
-   in vLLM's primary region.  One request's load (nothing else in flight) is set beside the same
+   restores in every round).  Two references that do a load's work: "raw landed", each block's
+   payload read straight into its own primary-tier chunk (tuned by its own sweep, sampled before
+   and after the tiers' restores as raw is), and "raw + delivery", the same reads each followed
+   by a copy of the block into its chunk.  They are references, not ceilings: a tier's load must
+   land in vLLM's primary region, and this VM reads into a large region of fresh memory slower
+   than into a few reused buffers.  One request's load (nothing else in flight) is set beside the same
    request's reads issued raw as one io_uring burst.
 2. Restart: a fresh tier instance after the page cache is dropped looks up every block
    (vLLM's fs tier: one file probe per block; kvswarm: its catalog), with device reads
    counted from /proc/diskstats; in this process, and in fresh ones.
 3. Eight drives on kernel-throttled loop devices (``kvswarm.testbed``), equal caps per
-   drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root) vs
-   kvswarm striped over all eight.
+   drive: vLLM's fs tier on one drive (ext4 on one loop device: it has one root directory and
+   cannot stripe) vs kvswarm striped over all eight.  Beside the speedup (what striping buys),
+   each tier's efficiency: its GB/s per GB/s of the caps of the drives it uses.
 4. Engine load, with part 1's tiers at the first block size: restores while another thread of
    the process holds the GIL much of the time, as vLLM's engine-core loop does in the process
    that hosts the tiers (:class:`EngineLoad`).
@@ -52,6 +56,7 @@ from kvswarm.bench.engine_host import (
     reexec_in_engine_venv,
     standalone_main,
 )
+from kvswarm.bench import write_summary
 from kvswarm.io.raw import cpu_time
 from kvswarm.format import ALIGN
 from kvswarm.layout import KVLayout
@@ -63,6 +68,7 @@ REQUEST_BLOCKS = 16  # blocks per request: one vLLM job
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (about a minute or two)")
     p.add_argument("--json", metavar="PATH", help="write results (with a 'summary' dict) here; plots beside it")
+    p.add_argument("--summary", metavar="PATH", help="also write a small JSON here: the summary and the settings")
     p.add_argument("--dir", help="scratch directory on the disk under test (default: a temp dir in /var/tmp)")
     p.add_argument("--block-sizes", default=None, help="comma-separated KiB per block (default 256,2048)")
     p.add_argument("--restore-mib", type=int, default=None, help="MiB restored per block size")
@@ -109,7 +115,30 @@ def run(args: argparse.Namespace) -> int:
                                                    tb_rounds, console)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return finish(results, summarize, report, console, args.json, plot)
+    rc = finish(results, summarize, report, console, args.json, plot)
+    if args.summary:
+        write_summary(args.summary, "kvswarm bench vllm" + (" --quick" if quick else ""), settings(results, args),
+                      results["summary"])
+        console.print(f"wrote {args.summary}")
+    return rc
+
+
+def settings(r: dict, args: argparse.Namespace) -> dict:
+    """What a run measured with: sizes, rounds, backends, the references' tuned methods, the testbed."""
+    out = {k: r[k] for k in ("quick", "kv_backend", "request_blocks", "rounds")}
+    out |= {"block_kib": [w["block_kib"] for w in r["one_drive"]],
+            "restore_mib": args.restore_mib or (256 if args.quick else 1024), "fresh_rounds": args.fresh_rounds,
+            "engine_load": args.engine_load, "load_avg": os.getloadavg(), "cpus": os.cpu_count()}
+    for w in r["one_drive"]:
+        k = f"{w['block_kib']}k"
+        out[f"blocks_{k}"] = w["blocks"]
+        out[f"raw_method_{k}"], out[f"raw_landed_method_{k}"] = w["raw"]["method"], w["raw"]["landed"]["method"]
+        out[f"raw_delivered_method_{k}"] = w["raw"]["delivered"]["method"]
+    e = r["eight_drives"]
+    if e:
+        out["eight_drives"] = {"emulation": e["testbed"]["emulation"], "caps": e["testbed"]["caps"],
+                               "block_kib": e["block_kib"], "blocks": e["blocks"]}
+    return out
 
 
 # ---- tiers ------------------------------------------------------------------------------
@@ -170,7 +199,7 @@ class Bench:
     def restore(self, run, settle: Callable[[], None] | None = None) -> tuple[float, float]:
         """Load every block back (into the same slots), all requests in flight; verify a sample.
         Returns seconds and the process's CPU seconds over the same span.  ``settle`` runs just
-        before the timer starts (see :class:`Settle`)."""
+        before the timer starts (a :class:`kvswarm.testbed.CreditDrain`)."""
         self.primary.mm[:] = bytes(len(self.primary.mm))
         if settle is not None:
             settle()
@@ -286,20 +315,23 @@ class TierCase:
 
 
 def measure_rounds(cases: dict[str, TierCase], rounds: int, ceiling: RawCeiling | None = None) -> None:
-    """Per round: every case's restore, then the raw + delivery reference if the ceiling has one,
-    bracketed by two samples of the raw ceiling (so a restore is compared with the disk as it was
-    just before and after it), then every case's one-request load.  The cases' order is reversed
+    """Per round: every case's restore bracketed by the raw ceiling and the raw landed reference,
+    each sampled just before and just after (raw, landed | tiers | landed, raw: so a restore is
+    compared with the disk as it was around it, and neither reference sits closer to the tiers),
+    then the raw + delivery reference, then every case's one-request load.  The cases' order is reversed
     every other round, so drift and neighbours' load hit all alike; each case's figure is its
     median round (:func:`results`)."""
     for r in range(rounds):
         order = list(cases.values()) if r % 2 == 0 else list(cases.values())[::-1]
         if ceiling is not None:
             ceiling.measure()
+            ceiling.measure_landed()
         for c in order:
             c.measure_restore()
         if ceiling is not None:
-            ceiling.measure_delivered()
+            ceiling.measure_landed()
             ceiling.measure()
+            ceiling.measure_delivered()
         for c in order:
             c.measure_single()
         if ceiling is not None:
@@ -327,11 +359,14 @@ class RawCeiling:
     the tuned number of threads (the best threaded setting if io_uring tuned best), each copying
     the block it read into its primary-tier chunk before its next read.
 
-    With ``land`` (see :meth:`Bench.lander`) it also samples raw landed once per round: the tuned
-    method, each block's payload read straight into its own chunk of the primary region, as a load
-    must land it.  The ceiling itself reads into a few buffers it reuses, which stay in the CPU's
-    cache; on this VM, a disk serving 3-4 GB/s then reads 1 GiB into memory of its own at only
-    0.5-0.8 of that (docs/integrations.md), a cost no load can avoid.
+    With ``land`` (see :meth:`Bench.lander`) it also measures raw landed: each block's payload read
+    straight into its own chunk of the primary region, as a load must land it.  It gets the same
+    tuning sweep as the ceiling, its own (a method that is best into reused buffers need not be best
+    into fresh memory), and is sampled twice per round like the ceiling, before and after the tiers'
+    restores; a round's reference is the mean of the two.  The ceiling itself reads into a few
+    buffers it reuses, which stay in the CPU's cache; on this VM, a disk serving 3-4 GB/s then reads
+    1 GiB into memory of its own at only 0.5-0.8 of that (docs/integrations.md), a cost no load can
+    avoid.
 
     With ``requests`` (each a request's extents) it times, once per round, each request's reads
     issued as one io_uring burst (all in flight at once), the raw side of one request's load.
@@ -356,6 +391,8 @@ class RawCeiling:
         self.deliver = deliver
         self.delivered: list[float] = []
         self.land = land
+        self.landed_tuning: dict[str, float] = {}
+        self.landed_method: tuple[str, str, int] | None = None
         self.landed: list[float] = []
         self.requests = requests
         self.bursts: list[float] = []  # per round, the median seconds of one request's burst
@@ -391,6 +428,10 @@ class RawCeiling:
         got = tune_passes(configs, lambda c: self._sample(*c), passes=3)
         self.tuning = {self._name(c): g for c, g in got.items()}
         self.method = max(got, key=got.get)
+        if self.land is not None:  # the same sweep, into the primary region
+            got = tune_passes(configs, lambda c: self._sample(*c, landed=True), passes=3)
+            self.landed_tuning = {self._name(c): g for c, g in got.items()}
+            self.landed_method = max(got, key=got.get)
 
     def measure(self) -> None:
         self.samples.append(self._sample(*self.method))
@@ -404,8 +445,10 @@ class RawCeiling:
     def measure_delivered(self) -> None:
         if self.deliver is not None:
             self.delivered.append(self._sample(self.method[0], "delivered", self._delivery_threads()))
+
+    def measure_landed(self) -> None:
         if self.land is not None:
-            self.landed.append(self._sample(*self.method, landed=True))
+            self.landed.append(self._sample(*self.landed_method, landed=True))
 
     def measure_burst(self) -> None:
         from kvswarm.io.raw import run_uring
@@ -416,9 +459,17 @@ class RawCeiling:
             self.bursts.append(float(np.median([run_uring(self.fds, ios, self.size, Op.READ, len(ios), 10.0).seconds
                                                 for ios in self.requests])))
 
+    @staticmethod
+    def _pairs(samples: list[float]) -> list[float]:
+        return [(a + b) / 2 for a, b in zip(samples[::2], samples[1::2])]
+
     def rounds(self) -> list[float]:
         """Each round's ceiling: the mean of its two samples."""
-        return [(a + b) / 2 for a, b in zip(self.samples[::2], self.samples[1::2])]
+        return self._pairs(self.samples)
+
+    def landed_rounds(self) -> list[float]:
+        """Each round's raw landed reference: the mean of its two samples."""
+        return self._pairs(self.landed)
 
     def result(self) -> dict:
         out = {"gbps": float(np.median(self.rounds())), "method": self._name(self.method), "samples": self.samples,
@@ -433,10 +484,12 @@ class RawCeiling:
                                 "method": f"threads_{self._delivery_threads()}_{self.method[0]}",
                                 "note": "the same reads, each block then copied into its primary-tier chunk"}
         if self.landed:
-            out["landed"] = {"gbps": float(np.median(self.landed)), "round_gbps": self.landed,
-                             "method": self._name(self.method),
-                             "note": "the tuned method, each block's payload read straight into its own "
-                                     "primary-tier chunk (no buffer reused, nothing verified)"}
+            out["landed"] = {"gbps": float(np.median(self.landed_rounds())), "round_gbps": self.landed_rounds(),
+                             "samples": self.landed, "method": self._name(self.landed_method),
+                             "tuning": self.landed_tuning,
+                             "note": "each block's payload read straight into its own primary-tier chunk (no "
+                                     "buffer reused, nothing verified); its own tuning sweep (median of three "
+                                     "passes), sampled before and after the tiers' restores in each round"}
         return out
 
 
@@ -473,7 +526,8 @@ def one_drive(root: str, size: int, total: int, backend: str, rounds: int, conso
             out[t][f"restore_ratio_vs_{name}"] = float(np.median(per_round))
         out[t]["single_request_ratio_vs_raw"] = out[t]["single_request_gbps"] / rawg
         out[t]["single_request_speed_vs_raw_burst"] = out["raw"]["one_request_burst_ms"] / out[t]["single_request_ms"]
-    console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}), raw landed {landed['gbps']:.2f}, raw + delivery "
+    console.print(f"  raw {rawg:.2f} GB/s ({out['raw']['method']}), raw landed {landed['gbps']:.2f} "
+                  f"({landed['method']}), raw + delivery "
                   f"{delivered['gbps']:.2f}; restore "
                   f"fs {out['fs']['restore_gbps']:.2f}, kvswarm {out['kvswarm']['restore_gbps']:.2f} GB/s "
                   f"(medians of {rounds} rounds)")
@@ -583,28 +637,6 @@ def _fresh_child(config: dict, n: int) -> dict:
 
 
 # ---- 3. eight drives ---------------------------------------------------------------------------
-class Settle:
-    """Keeps every testbed drive reading for a little over one throttle slice right before a timed
-    restore starts.  The kernel throttle lets a drive idle for a slice through about one 100 ms
-    slice of budget at once (docs/testbed.md), which a restore of a few tenths of a second counts
-    as speed: kvswarm's 256 MiB over eight drives read at 1.1-1.2 GB/s against 0.8 GB/s of caps."""
-
-    def __init__(self, paths: list[str], seconds: float = 0.15) -> None:
-        self.fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
-        self.ios = [(d, i * MiB) for i in range(64) for d in range(len(paths))]
-        self.seconds = seconds
-
-    def __call__(self) -> None:
-        from kvswarm.io.raw import run_threads
-        from kvswarm.io.base import Op
-
-        run_threads(self.fds, self.ios, MiB, Op.READ, len(self.fds), self.seconds)
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-
-
 def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> dict:
     from kvswarm.testbed import KERNEL, Testbed
 
@@ -617,7 +649,9 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
             os.makedirs(mnt)
             subprocess.run(["mkfs.ext4", "-q", "-F", tb.paths[0]], check=True)
             subprocess.run(["mount", tb.paths[0], mnt], check=True)
-            settle = Settle(list(tb.paths))
+            # A drive idle for a throttle slice lets about one 100 ms slice of budget through at once,
+            # which a restore of a few tenths of a second would count as speed: drained before each.
+            settle = tb.drain()
             try:
                 try:
                     fs_case = TierCase(bench, fs_config(os.path.join(mnt, "kv")), settle)
@@ -634,8 +668,14 @@ def eight_drives(size: int, total: int, backend: str, rounds: int, console) -> d
     finally:
         bench.close()
     out["restore_speedup"] = out["kvswarm_8_drives"]["restore_gbps"] / out["fs_1_drive"]["restore_gbps"]
+    # Efficiency: GB/s per GB/s of read caps of the drives the tier uses (fs: its one drive).
+    cap_gbps = out["testbed"]["caps"]["read_mbps"] / 1e3
+    out["efficiency_fs"] = out["fs_1_drive"]["restore_gbps"] / cap_gbps
+    out["efficiency_kvswarm"] = out["kvswarm_8_drives"]["restore_gbps"] / (8 * cap_gbps)
     console.print(f"  restore fs (1 drive) {out['fs_1_drive']['restore_gbps']:.3f} GB/s, kvswarm (8 drives) "
-                  f"{out['kvswarm_8_drives']['restore_gbps']:.3f} GB/s: x{out['restore_speedup']:.2f}")
+                  f"{out['kvswarm_8_drives']['restore_gbps']:.3f} GB/s: x{out['restore_speedup']:.2f} (striping: "
+                  f"vLLM's fs tier has one root and cannot stripe); per drive cap: fs {out['efficiency_fs']:.2f}, "
+                  f"kvswarm {out['efficiency_kvswarm']:.2f}")
     return out
 
 
@@ -698,6 +738,7 @@ def summarize(r: dict) -> dict:
     e = r["eight_drives"]
     if e:
         s["restore_speedup_vs_fs_8drives"] = e["restore_speedup"]
+        s["efficiency_8_drives_kvswarm"], s["efficiency_8_drives_fs"] = e["efficiency_kvswarm"], e["efficiency_fs"]
         s["fs_1drive_restore_gbps_8drive_testbed"] = e["fs_1_drive"]["restore_gbps"]
         s["kvswarm_8drives_restore_gbps"] = e["kvswarm_8_drives"]["restore_gbps"]
     for name, row in _engine_load(r).get("loads", {}).items():
@@ -716,11 +757,12 @@ def report(r: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title="vLLM offloading tier: fs (vLLM built-in) vs kvswarm, through vLLM's tier interfaces")
-    t.caption = ("restores in GB/s; ratios are medians of per-round ratios; raw landed: the raw reads, each block's "
-                 "payload straight into its own primary-tier chunk; raw+deliv.: the raw reads, each block then copied "
-                 "into its chunk")
+    t.caption = ("restores in GB/s; ratios are medians of per-round ratios; raw: the fio-like ceiling; raw landed "
+                 "(a reference, not a ceiling; its own tuning): each block's payload read straight into its own "
+                 "primary-tier chunk; raw+deliv.: the raw reads, each block then copied into its chunk; 8 loop drives: "
+                 "vLLM's fs tier has one root and cannot stripe, eff. = GB/s per GB/s of its drives' caps (fs / kv)")
     for c in ("case", "raw", "raw landed", "raw+deliv.", "fs", "kvswarm", "kv/raw", "fs/raw", "kv/landed",
-              "fs/landed", "kv/fs", "1-req kv/raw", "1-req fs/raw", "store fs / kv"):
+              "fs/landed", "kv/fs", "eff. fs / kv", "1-req kv/raw", "1-req fs/raw", "store fs / kv"):
         t.add_column(c)
     for row in r["one_drive"]:
         f, k, raw = row["fs"], row["kvswarm"], row["raw"]
@@ -728,13 +770,14 @@ def report(r: dict, console) -> None:
                   f"{raw['delivered']['gbps']:.2f}", f"{f['restore_gbps']:.2f}", f"{k['restore_gbps']:.2f}",
                   f"{k['restore_ratio_vs_raw']:.2f}", f"{f['restore_ratio_vs_raw']:.2f}",
                   f"{k['restore_ratio_vs_raw_landed']:.2f}", f"{f['restore_ratio_vs_raw_landed']:.2f}",
-                  f"x{k['restore_gbps'] / f['restore_gbps']:.2f}", f"{k['single_request_ratio_vs_raw']:.2f}",
+                  f"x{k['restore_gbps'] / f['restore_gbps']:.2f}", "", f"{k['single_request_ratio_vs_raw']:.2f}",
                   f"{f['single_request_ratio_vs_raw']:.2f}", f"{f['store_gbps']:.2f} / {k['store_gbps']:.2f}")
     e = r["eight_drives"]
     if e:
         f, k = e["fs_1_drive"], e["kvswarm_8_drives"]
         t.add_row(f"8 loop drives, {e['block_kib']} KiB", "", "", "", f"{f['restore_gbps']:.3f}",
-                  f"{k['restore_gbps']:.3f}", "", "", "", "", f"x{e['restore_speedup']:.2f}", "", "",
+                  f"{k['restore_gbps']:.3f}", "", "", "", "", f"x{e['restore_speedup']:.2f}",
+                  f"{e['efficiency_fs']:.2f} / {e['efficiency_kvswarm']:.2f}", "", "",
                   f"{f['store_gbps']:.3f} / {k['store_gbps']:.3f}")
     console.print(t)
     for row in r["one_drive"]:

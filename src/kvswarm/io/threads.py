@@ -67,6 +67,9 @@ class ThreadEngine(IOEngine):
                     r.result = -(e.errno or 5)
                 r.t_done = now()
             self._done.put(chunk)
+            # An idle worker must not keep the last chunk alive: its buffers (a caller's, read in
+            # place) would stay exported after the caller is done with them.
+            chunk = r = None
 
     def _submit(self, reqs: Sequence[IORequest]) -> None:
         by_drive: defaultdict[int, list[IORequest]] = defaultdict(list)

@@ -19,53 +19,13 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvswarm.planner.args import add_common, add_model_arguments, floats, ints, names
 from kvswarm.planner.report import console as make_console
+from kvswarm.planner.report import print_error
 
 DEFAULT_TRACE = "shared/traces/mooncake/conversation_trace.jsonl"
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not vals or any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
-    return vals
-
-
-def _ints(text: str) -> list[int]:
-    vals = _floats(text)
-    if any(v != int(v) for v in vals):
-        raise argparse.ArgumentTypeError(f"expected whole numbers, got {text!r}")
-    return [int(v) for v in vals]
-
-
-def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--catalog", metavar="TOML", help="hardware catalog file (default: the shipped "
-                   "kvswarm/data/hardware.toml; copy and edit it to use your prices and drives)")
-    p.add_argument("--json", metavar="PATH", help="write machine-readable results here (plots go next to it)")
-
-
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    from kvswarm.planner.models import PRESETS
-
-    g = p.add_argument_group("model KV layout (a preset, optionally overridden, or all fields for a custom model)")
-    g.add_argument("--model", default="Llama-3.1-70B", metavar="NAME",
-                   help=f"model preset, one of: {', '.join(PRESETS)} (default %(default)s)")
-    g.add_argument("--layers", type=int, help="transformer layers")
-    g.add_argument("--kv-heads", type=int, help="KV heads per layer (GQA groups)")
-    g.add_argument("--head-dim", type=int, help="dimension of one head")
-    g.add_argument("--q-heads", type=int, help="query heads per layer (for attention FLOPs)")
-    g.add_argument("--params-b", type=float, help="parameters in billions (for prefill FLOPs)")
-    g.add_argument("--dtype", help="KV dtype: bfloat16, float16, float32, float8, int8 (default bfloat16)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,12 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     h.add_argument("--budget", type=float, metavar="USD", help="most the KV tier (DRAM + drives + slots) may cost")
     h.add_argument("--ttft-target", type=float, metavar="S", help="TTFT p90 the recommendation must meet")
     s = parser.add_argument_group("search space")
-    s.add_argument("--dram-gb", type=_floats, default=[0, 256, 512, 1024, 2048],
+    s.add_argument("--dram-gb", type=floats, default=[0, 256, 512, 1024, 2048],
                    help="DRAM tier sizes to try, GB (default 0,256,512,1024,2048)")
-    s.add_argument("--ssd-counts", type=_ints, default=[1, 2, 4, 8, 16], help="SSD pool sizes (default 1,2,4,8,16)")
-    s.add_argument("--hdd-counts", type=_ints, default=[4, 8, 16, 32], help="HDD pool sizes (default 4,8,16,32)")
-    s.add_argument("--ssd-types", type=_names, help="SSD catalog keys to try (default: every SSD)")
-    s.add_argument("--hdd-types", type=_names, help="HDD catalog keys to try (default: every HDD)")
+    s.add_argument("--ssd-counts", type=ints, default=[1, 2, 4, 8, 16], help="SSD pool sizes (default 1,2,4,8,16)")
+    s.add_argument("--hdd-counts", type=ints, default=[4, 8, 16, 32], help="HDD pool sizes (default 4,8,16,32)")
+    s.add_argument("--ssd-types", type=names, help="SSD catalog keys to try (default: every SSD)")
+    s.add_argument("--hdd-types", type=names, help="HDD catalog keys to try (default: every HDD)")
     s.add_argument("--finalists", type=int, default=4, help="mixes replayed in the simulator (default %(default)s)")
     s.add_argument("--sim-requests", type=int, default=1500, help="requests replayed per finalist: the trace's "
                    "last N (default %(default)s; 0 = all)")
@@ -197,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _plan(args, console)
     except (ValueError, OSError) as e:  # CatalogError, WorkloadError and bad numbers are ValueErrors
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan", e)
         return 2
 
 

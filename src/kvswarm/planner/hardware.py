@@ -31,11 +31,11 @@ _FIELDS: dict[str, dict[str, tuple]] = {
         "write_gbps": (_NUM, 0, True), "read_iops": (_NUM, 0, True), "write_iops": (_NUM, 0, True),
         "read_latency_us": (_NUM, 0, False), "write_latency_us": (_NUM, 0, False), "queue_depth": (int, 1, False),
         "price_usd_per_tb": (_NUM, 0, False), "watts_active": (_NUM, 0, False), "watts_idle": (_NUM, 0, False),
-        "source": (str,),
+        "source": (str,), "price_source": (str,),
     },
     "dram": {
         "name": (str,), "price_usd_per_gb": (_NUM, 0, False), "watts_per_gb": (_NUM, 0, False),
-        "copy_gbps": (_NUM, 0, True), "max_gb": (_NUM, 0, True), "source": (str,),
+        "copy_gbps": (_NUM, 0, True), "max_gb": (_NUM, 0, True), "source": (str,), "price_source": (str,),
     },
     "links": {
         "name": (str,), "pcie_gen": (int, 3, False), "lanes": (int, 1, False), "efficiency": (_NUM, 0, True),
@@ -71,6 +71,7 @@ class DriveType:
     watts_active: float
     watts_idle: float
     source: str
+    price_source: str
     assumed: tuple[str, ...] = ()
 
     @property
@@ -95,6 +96,7 @@ class DramType:
     copy_gbps: float
     max_gb: float
     source: str
+    price_source: str
     assumed: tuple[str, ...] = ()
 
     def model(self) -> LinkModel:

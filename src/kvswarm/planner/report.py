@@ -169,3 +169,10 @@ def console() -> Console:
     import sys
 
     return Console() if sys.stdout.isatty() else Console(width=150)
+
+
+def print_error(command: str, e: BaseException) -> None:
+    """A planner command's error: one line on stderr, as every kvswarm command's."""
+    import sys
+
+    print(f"kvswarm {command}: error: {' '.join(str(e).split())}", file=sys.stderr)

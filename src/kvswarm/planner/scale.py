@@ -5,8 +5,11 @@ Each decode step of ``--batch`` sequences reads ``--sparse-fraction`` of each on
 by layer (two layers in flight), from N simulated drives placed by the store's own
 placement strategies.  Every layer reads the same amount, so ``--sim-layers`` layers of
 each step are simulated (steady state) and the step time is scaled to all layers.
-Swarm (arXiv 2603.17803) reports 37.67 GB/s from 8 SSDs; ``--swarm`` adds a run with the
-per-drive rate set to that figure / 8, to compare shapes on equal footing.
+Swarm (arXiv 2603.17803) reports 37.67 GB/s from 8 SSDs.  ``--swarm`` adds kvswarm's own
+answer for that hardware: PM9A3 drives as their datasheet in the hardware catalog gives them,
+and the store's host CPU per op and per byte (measured on this machine as ``plan validate``
+measures it, or given with ``--cpu-per-op-us`` / ``--cpu-per-byte-ns``) paid on one serial CPU.
+The paper's figure is printed beside it for comparison and is never an input.
 """
 
 from __future__ import annotations
@@ -16,25 +19,26 @@ import math
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from kvswarm.planner.hostcost import HostCost
 from kvswarm.planner.report import console as make_console
-from kvswarm.planner.report import new_figure, save_figure, write_outputs
+from kvswarm.planner.report import new_figure, print_error, save_figure, write_outputs
 
 HELP = "project sparse-decode read throughput for 1-64 drives; find where the host link binds"
-SWARM_8_GBPS = 37.67  # Swarm, arXiv 2603.17803: 8 SSDs
+SWARM_8_GBPS = 37.67  # Swarm, arXiv 2603.17803: 8 SSDs (a reference to compare with, never an input)
+SWARM_DRIVE = "pm9a3"  # the SSD of Swarm's 8-drive figure
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvswarm.planner.cli import _ints, _names, add_model_arguments
+    from kvswarm.planner.args import add_model_arguments, ints, names
 
     add_model_arguments(p)
     p.add_argument("--drive", default="pm9a3", help="drive catalog key (default %(default)s)")
-    p.add_argument("--drives", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
+    p.add_argument("--drives", type=ints, default=[1, 2, 4, 8, 16, 32, 64],
                    help="drive counts (default 1,2,4,8,16,32,64)")
-    p.add_argument("--links", type=_names, help="host-link catalog keys (default: every link in the catalog)")
-    p.add_argument("--placements", type=_names, default=["round_robin", "hash"],
+    p.add_argument("--links", type=names, help="host-link catalog keys (default: every link in the catalog)")
+    p.add_argument("--placements", type=names, default=["round_robin", "hash"],
                    help="store placement strategies to compare (default round_robin,hash)")
     p.add_argument("--context", type=int, default=32768, help="context tokens (default %(default)s)")
     p.add_argument("--sparse-fraction", type=float, default=0.1, help="share of the context read per step "
@@ -43,20 +47,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4, help="sequences decoded together (default %(default)s)")
     p.add_argument("--steps", type=int, default=2, help="decode steps simulated per point (default %(default)s)")
     p.add_argument("--sim-layers", type=int, default=4, help="layers simulated per step (default %(default)s)")
-    p.add_argument("--swarm", action="store_true", help="also run with the per-drive read rate set to Swarm's "
-                   f"{SWARM_8_GBPS} GB/s / 8")
+    p.add_argument("--swarm", action="store_true", help="also project PM9A3 drives from their datasheet with the "
+                   f"store's host CPU cost, beside Swarm's reported {SWARM_8_GBPS} GB/s at 8 SSDs")
+    p.add_argument("--cpu-per-op-us", type=float, help="--swarm: host CPU per extent read, us (default: measured "
+                   "here, on a memory-backed drive)")
+    p.add_argument("--cpu-per-byte-ns", type=float, help="--swarm: host CPU per payload byte, ns (default: the "
+                   "checksum measured here)")
     p.add_argument("--plot", metavar="PNG", help="plot path (default: next to --json)")
 
 
 def project(drive, link, n: int, layout, reads_per_layer: int, cluster_tokens: int, steps: int, sim_layers: int,
-            placement: str) -> dict:
-    """Simulate ``steps`` sparse decode steps on ``n`` drives behind ``link``; throughput and utilisation."""
+            placement: str, cpu: HostCost | None = None) -> dict:
+    """Simulate ``steps`` sparse decode steps on ``n`` drives behind ``link``; throughput and utilisation.
+    ``cpu``: the store's host cost, paid per extent and per byte on one serial CPU (none: drives only)."""
     from kvswarm.sim.replay import Request, replay
     from kvswarm.sim.system import SimStore, SystemModel
 
     size = cluster_tokens * layout.entry_bytes
     store = SimStore(SystemModel([drive] * n, capacity_per_drive=1 << 50, host_link=link,
-                                 engine_depth=drive.queue_depth, placement=placement, coalesce=True))
+                                 engine_depth=drive.queue_depth, placement=placement, coalesce=True,
+                                 cpu_per_op=cpu.cpu_per_op if cpu else 0.0,
+                                 cpu_per_byte=cpu.cpu_per_byte if cpu else 0.0))
     sim_layers = min(sim_layers, layout.num_layers)
     layers = [[b"L%d:%d" % (layer, i) for i in range(reads_per_layer)] for layer in range(sim_layers)]
     for keys in layers:
@@ -67,7 +78,8 @@ def project(drive, link, n: int, layout, reads_per_layer: int, cluster_tokens: i
     drives = [v for k, v in util.items() if k.startswith("drive")]
     return {"drives": n, "gbps": r["throughput_Bps"] / 1e9,
             "step_s": r["elapsed_s"] / steps * layout.num_layers / sim_layers,
-            "host_link_util": util.get("host_link", 0.0), "drive_util_mean": sum(drives) / len(drives),
+            "host_link_util": util.get("host_link", 0.0), "cpu_util": util.get("cpu", 0.0),
+            "drive_util_mean": sum(drives) / len(drives),
             "drive_util_max": max(drives)}
 
 
@@ -76,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, console)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}")
+        print_error("plan scale", e)
         return 2
 
 
@@ -98,9 +110,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         make_placement(p)
     dt = cat.get("drives", args.drive)
     links = [cat.get("links", k) for k in (args.links or list(cat.links))]
-    variants = [(dt.key, dt.model())]
+    variants: list[tuple[str, object, HostCost | None]] = [(dt.key, dt.model(), None)]
+    cpu = None
     if args.swarm:
-        variants.append((f"{dt.key}@swarm", dt.model().scaled(read_bw=SWARM_8_GBPS / 8 * 1e9)))
+        cpu = host_cost(args)
+        swarm_drive = cat.get("drives", SWARM_DRIVE)
+        if dt.key != SWARM_DRIVE:
+            variants.append((SWARM_DRIVE, swarm_drive.model(), None))
+        variants.append((f"{SWARM_DRIVE}+cpu", swarm_drive.model(), cpu))
     layout = model.layout()
     per_layer = max(1, int(args.batch * args.context * args.sparse_fraction / args.cluster_tokens))
     console.print(f"{model.name}: {args.batch} sequences x {args.context} tokens, {args.sparse_fraction:.0%} read per "
@@ -108,11 +125,11 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                   f"{args.cluster_tokens * layout.entry_bytes / 1024:.0f} KiB: {per_layer} reads per layer, "
                   f"{layout.num_layers} layers ({min(args.sim_layers, layout.num_layers)} simulated per step)")
     rows, series = [], {}
-    for vname, dm in variants:
+    for vname, dm, vcpu in variants:
         for link in links:
             for placement in args.placements:
                 pts = [project(dm, link.model(), n, layout, per_layer, args.cluster_tokens, args.steps,
-                               args.sim_layers, placement) for n in sorted(set(args.drives))]
+                               args.sim_layers, placement, vcpu) for n in sorted(set(args.drives))]
                 base = pts[0]["gbps"] / pts[0]["drives"]
                 knee = next((p["drives"] for p in pts if p["gbps"] < 0.9 * base * p["drives"]), None)
                 bound = next((p["drives"] for p in pts if p["host_link_util"] > 0.9), None)
@@ -134,9 +151,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                   f"<{s['knee_drives']}" if s["knee_drives"] else f">={ns[-1]}",
                   f"{s['link_bound_from']} ({s['link_gbps']:.0f} GB/s)" if s["link_bound_from"] else "-")
     console.print(t)
-    console.print(f"Swarm reports {SWARM_8_GBPS} GB/s at 8 SSDs ({SWARM_8_GBPS / 8:.2f} GB/s per drive); "
-                  "'scales to' = first count below 90% of linear scaling; 'link bound' = host link > 90% busy.")
+    console.print("'scales to' = first count below 90% of linear scaling; 'link bound' = host link > 90% busy.")
     summary = {}
+    if cpu is not None:
+        summary |= swarm_summary(series, cpu)
+        console.print(f"8 x {SWARM_DRIVE} from the datasheet: {summary['swarm_8_device_only_gbps']:.1f} GB/s for the "
+                      f"drives alone; with the store's host CPU ({cpu.cpu_per_op * 1e6:.1f} us/op + "
+                      f"{cpu.cpu_per_byte * 1e9:.3f} ns/B on one CPU) {summary['swarm_8_modelled_gbps']:.1f} GB/s "
+                      f"(CPU busy {summary['swarm_8_cpu_util']:.0%}); Swarm reports {SWARM_8_GBPS} GB/s.")
     for name, s in series.items():
         key = name.replace(" / ", "_").replace("@", "_")
         at = {p["drives"]: p["gbps"] for p in s["points"]}
@@ -146,11 +168,41 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         summary[f"{key}_link_bound_from"] = s["link_bound_from"] or math.nan
     doc = {"context": {"model": model.name, "drive": dt.key, "context_tokens": args.context, "batch": args.batch,
                        "sparse_fraction": args.sparse_fraction, "cluster_tokens": args.cluster_tokens,
-                       "swarm_8_gbps": SWARM_8_GBPS}, "summary": summary, "series": series}
+                       "swarm_8_reported_gbps": SWARM_8_GBPS}, "summary": summary, "series": series}
     plot = args.plot or (str(Path(args.json).with_suffix("")) + "_scale.png" if args.json else None)
     write_outputs(console, doc, args.json, plot,
                   lambda path: _plot(series, path, f"{model.name}: sparse decode reads vs drives"))
     return 0
+
+
+def host_cost(args: argparse.Namespace) -> HostCost:
+    """The store's host CPU cost: as given, or measured here the way ``plan validate`` does."""
+    from kvswarm.planner.hostcost import measure_host_cost
+
+    measured = measure_host_cost("uring", quick=True) \
+        if args.cpu_per_op_us is None or args.cpu_per_byte_ns is None else None
+    per_op = args.cpu_per_op_us * 1e-6 if args.cpu_per_op_us is not None else measured.cpu_per_op
+    per_byte = args.cpu_per_byte_ns * 1e-9 if args.cpu_per_byte_ns is not None else measured.cpu_per_byte
+    if per_op < 0 or per_byte < 0:
+        raise ValueError("--cpu-per-op-us and --cpu-per-byte-ns must be >= 0")
+    return HostCost(per_op, per_byte)
+
+
+def swarm_summary(series: dict, cpu: HostCost) -> dict:
+    """8 drives of Swarm's SSD from its datasheet: the best link and placement, with and without the
+    store's host CPU cost, beside the paper's figure."""
+
+    def best(drive: str) -> dict:
+        pts = [p for s in series.values() if s["drive"] == drive for p in s["points"] if p["drives"] == 8]
+        if not pts:
+            raise ValueError("--swarm needs 8 in --drives")
+        return max(pts, key=lambda p: p["gbps"])
+
+    with_cpu, device = best(f"{SWARM_DRIVE}+cpu"), best(SWARM_DRIVE)
+    return {"swarm_8_modelled_gbps": with_cpu["gbps"], "swarm_8_cpu_util": with_cpu["cpu_util"],
+           "swarm_8_reported_gbps": SWARM_8_GBPS, "swarm_8_modelled_vs_reported": with_cpu["gbps"] / SWARM_8_GBPS,
+           "cpu_per_op_us": cpu.cpu_per_op * 1e6, "cpu_per_byte_ns": cpu.cpu_per_byte * 1e9,
+           "swarm_8_device_only_gbps": device["gbps"]}
 
 
 def _plot(series: dict, path: str, title: str) -> None:

@@ -4,6 +4,9 @@ Units (cluster pieces, pages) have different sizes here, so both policies take
 ``insert(key, size)`` and count capacity in the caller's unit (entries or bytes).
 
 * ``sized_lru`` -- least recently used, evicting until the newcomer fits.
+* ``per_layer_lru`` -- one ``sized_lru`` per layer, each with an equal share of the capacity
+  (keys are ``(layer, unit)``): a decode that sweeps the layers in order cannot let one layer's
+  reads evict every other layer's units.
 * ``cost_benefit`` -- the Swarm paper's score ``S = (f * T_base + s * T_transfer) / s`` for a
   unit of size ``s`` read ``f`` times (decayed): the I/O time caching it saves per unit of
   DRAM, where a read costs a fixed ``T_base`` (per-I/O latency, or 1/IOPS) plus ``s *
@@ -35,6 +38,54 @@ class SizedLRU(LRU):
 
     def admit(self, key: Key, size: int = 1) -> bool:
         return size <= self.capacity
+
+    def fits(self, key: Key, size: int) -> bool:
+        """Whether ``key`` of ``size`` fits beside what is resident, evicting nothing."""
+        return self.used + size <= self.capacity
+
+
+@register
+class PerLayerLRU(EvictionPolicy):
+    """A :class:`SizedLRU` per layer (``layers`` of them, ``capacity // layers`` each); keys are
+    ``(layer, unit)`` tuples."""
+
+    name = "per_layer_lru"
+
+    def __init__(self, capacity: int, layers: int = 1) -> None:
+        super().__init__(capacity)
+        if layers < 1:
+            raise ValueError(f"per_layer_lru needs at least one layer, got {layers}")
+        self.parts = [SizedLRU(capacity // layers) for _ in range(layers)]
+
+    def _part(self, key: Key) -> SizedLRU:
+        return self.parts[key[0]]  # type: ignore[index]
+
+    def insert(self, key: Key, size: int = 1) -> list[Key]:
+        return self._part(key).insert(key, size)
+
+    def admit(self, key: Key, size: int = 1) -> bool:
+        return self._part(key).admit(key, size)
+
+    def fits(self, key: Key, size: int) -> bool:
+        return self._part(key).fits(key, size)
+
+    def touch(self, key: Key) -> bool:
+        return self._part(key).touch(key)
+
+    def remove(self, key: Key) -> bool:
+        return self._part(key).remove(key)
+
+    def _evict_one(self) -> Key:
+        return max(self.parts, key=len)._evict_one()
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and 0 <= key[0] < len(self.parts) and key in self.parts[key[0]]
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def __iter__(self) -> Iterator[Key]:
+        return (k for p in self.parts for k in p)
 
 
 @register
@@ -149,6 +200,10 @@ class CostBenefit(EvictionPolicy):
     def touch(self, key: Key) -> bool:
         self.record(key)
         return key in self._size
+
+    def fits(self, key: Key, size: int) -> bool:
+        """Whether ``key`` of ``size`` fits beside what is resident, evicting nothing."""
+        return self.used + size <= self.capacity
 
     def remove(self, key: Key) -> bool:
         if key in self._size:

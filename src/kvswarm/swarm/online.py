@@ -80,8 +80,10 @@ class OnlineMaintainer:
         return out
 
     def _join(self, p: _Pending) -> list[int]:
-        if p.with_medoid:
-            best = sorted(p.with_medoid, key=lambda c: (-p.with_medoid[c], -self.clusters.heat[c]))[:self.max_join]
+        # a re-clustering since the token was seen may have renumbered clusters: only current ids count
+        known = [c for c in p.with_medoid if c < len(self.clusters.heat)]
+        if known:
+            best = sorted(known, key=lambda c: (-p.with_medoid[c], -self.clusters.heat[c]))[:self.max_join]
         elif p.active_steps and (~self.clusters.cold).any():
             best = [int(np.flatnonzero(~self.clusters.cold)[np.argmax(self.clusters.heat[~self.clusters.cold])])]
         else:

@@ -71,6 +71,11 @@ class Retriever:
         self.drives, self.model = drives, model or DriveModel()
         self.assign, self.dedup = assign, dedup
         self.down: set[int] = set()  # drives out of service: their copies are avoided
+        self._members = self.holders.T.tocsr()  # [pieces, universe]
+
+    def positions_of(self, pieces: np.ndarray) -> np.ndarray:
+        """The positions ``pieces`` hold (sorted, each once)."""
+        return np.unique(self._members[np.asarray(pieces, np.int64)].indices)
 
     def pieces_for(self, wanted: np.ndarray) -> np.ndarray:
         """Pieces to read so that every ``wanted`` position is covered (all holders without dedup).
@@ -249,9 +254,9 @@ class UnitCache:
         m = self.mask(layer, len(self.sizes[layer]))
         for i, p in enumerate(np.asarray(pieces, np.int64).tolist()):
             s = int(self.sizes[layer][p])
-            if len(pol) + s > pol.capacity:
-                continue
             k = self._key(layer, p)
+            if not pol.fits(k, s):
+                continue
             if reads is not None and hasattr(pol, "record"):
                 pol.record(k, float(reads[i]))
             pol.insert(k, s)

@@ -359,6 +359,19 @@ class SwarmSequence(StoredSequenceKeys, EntrySource):
         """Read a plan made by ``plan`` (or booked with ``book``): benchmarks time planning and I/O apart."""
         return _SwarmFetch(self, layer, np.asarray(positions, np.int64), plan)
 
+    def read_step(self, plans: list[tuple[int, np.ndarray, ReadPlan]], together: bool = True) -> float:
+        """Read one decode step's planned layers (``(layer, positions, plan)``, made by ``plan``) and
+        return the seconds until the last is verified in DRAM: all layers in flight at once
+        (``together``, as with cross-layer prefetch) or layer after layer."""
+        t0 = time.perf_counter()
+        if together:
+            for h in [self.submit_plan(layer, pos, plan) for layer, pos, plan in plans]:
+                h.wait()
+        else:
+            for layer, pos, plan in plans:
+                self.submit_plan(layer, pos, plan).wait()
+        return time.perf_counter() - t0
+
     def groups(self, layer: int) -> list[np.ndarray]:
         return [p.positions for p in self.layouts[layer].pieces]
 

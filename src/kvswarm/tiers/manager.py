@@ -37,9 +37,10 @@ from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.cluster.config import ClusterConfig
 from kvswarm.cluster.pool import ClusterPool
 from kvswarm.cluster.publication import make_publication
-from kvswarm.errors import DriveFull, FlushError, KVSwarmError
+from kvswarm.errors import ConfigError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
+from kvswarm.prefix.keys import KEY_BYTES
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
@@ -235,6 +236,14 @@ class Prefetch:
                          self._tiers[:usable], pins, results, self.located, late, rejected)
 
 
+def _check_keys(keys: Sequence[bytes]) -> None:
+    """Block keys are KEY_BYTES bytes (a block's header holds the key whole): any other is refused, as it
+    would be stored under a key its header cannot carry and never be found again below DRAM."""
+    for k in keys:
+        if not isinstance(k, bytes) or len(k) != KEY_BYTES:
+            raise ConfigError(f"a block key is {KEY_BYTES} bytes, not {k!r}")
+
+
 def _wait(h, progress: Callable[[float], object], deadline: float) -> bool:
     """Drive completions (``progress(timeout)``) until ``h`` is done or ``deadline`` passes; True when done."""
     if deadline == math.inf:
@@ -299,6 +308,7 @@ class TierManager:
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
                  policy: PrefetchPolicy | None = None) -> Prefetch:
         """Locate the cached prefix of ``keys`` and start reading it; ``arrival`` defaults to now."""
+        _check_keys(keys)
         while self._dropped:
             self._abandon(*self._dropped.popleft())
         self._reap(wait=False)
@@ -320,6 +330,13 @@ class TierManager:
 
     def insert(self, keys: Sequence[bytes], payloads: Sequence[object]) -> None:
         """Blocks computed for a request enter DRAM, and the pools as the write policy says."""
+        _check_keys(keys)
+        if len(keys) != len(payloads):
+            raise ConfigError(f"{len(keys)} keys for {len(payloads)} payloads")
+        bb = self.config.block_bytes
+        for k, p in zip(keys, payloads):
+            if (n := memoryview(p).nbytes) != bb:
+                raise ConfigError(f"the payload of block {k.hex()} is {n} B; this manager's blocks are {bb} B")
         self._check_health()
         acts: list[Action] = []
         bufs: dict[bytes, object] = {}
@@ -454,6 +471,7 @@ class TierManager:
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
+        _check_keys(keys)
         acts: list[Action] = []
         for k in keys:
             acts += self.director.evict(key_digest(k), tier)
@@ -477,6 +495,8 @@ class TierManager:
                 s.flush()
             except FlushError as e:
                 log.error("%s pool: %s", t.name, e)
+                for dg in e.dropped:  # not durable: the store deleted them
+                    self._lost_in_pool(dg, t)
                 failed = True
         if failed:
             self._check_health()
@@ -740,18 +760,22 @@ class TierManager:
         """Blocks demoted into ``tier`` are written: once durable there, their copies above go.  One that
         the flush does not make durable (on a drive that failed, or the catalog's sync failed) stays above."""
         store = self.stores[tier]
+        lost = False
         try:
             store.flush()
-        except FlushError as e:  # the other drives and the catalog are synced
+        except FlushError as e:  # the other drives and the catalog are synced; the store deleted the rest
             log.error("%s pool: %s", tier.name, e)
+            lost = True
+            for dg in set(e.dropped) - set(ds):  # blocks written there before: not durable either
+                self._lost_in_pool(dg, tier)
         except (KVSwarmError, OSError) as e:  # the catalog: none of them is durable yet
             log.error("%s pool: flush failed: %s", tier.name, e)
             for d in ds:
                 self._stay(tier, d, None)
             return
         dead = store.failed_drives()
-        for d, e in zip(ds, store.locate_digests(ds) if dead else [None] * len(ds)):
-            if e is not None and any(x.drive in dead for x in e.extents):
+        for d, e in zip(ds, store.locate_digests(ds) if dead or lost else [None] * len(ds)):
+            if lost and e is None or e is not None and any(x.drive in dead for x in e.extents):
                 self._stay(tier, d, None)
             else:
                 self._moved(tier, d)

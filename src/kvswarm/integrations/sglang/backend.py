@@ -48,6 +48,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.errors import FlushError, KVSwarmError
+from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
@@ -369,6 +370,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             return
         except FlushError as e:  # the other drives and the catalog are synced
             log.error("kvswarm HiCache backend: %s", e)
+            gone = set(e.dropped)  # deleted by the store as not durable
+            for i in todo:
+                if ok[i] and key_digest(keys[i]) in gone:
+                    ok[i] = False
             failed: frozenset[int] | None = store.failed_drives()
         except (KVSwarmError, OSError) as e:
             log.error("kvswarm HiCache backend: flush failed: %s", e)

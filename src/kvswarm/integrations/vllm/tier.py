@@ -44,6 +44,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvswarm.buffers import collapse_shared_file
+from kvswarm.errors import FlushError
 from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
@@ -260,6 +261,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._healthy = self.store.num_drives  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
+        self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -614,6 +616,11 @@ class KVSwarmTierManager(SecondaryTierManager):
         try:
             self.store.flush()
             self._evicted_since_flush = 0
+        except FlushError as e:  # the stores it was to make durable are reported not stored
+            self._flush_failures += 1
+            log.error("kvswarm tier: %s", e)
+            if e.dropped:  # deleted by the store as not durable: forgotten here too
+                self._evict(self.residency.drop(e.dropped, self._capacity_chunks()))
         except Exception:  # the stores it was to make durable are reported not stored
             self._flush_failures += 1
             log.exception("kvswarm tier: flush failed")

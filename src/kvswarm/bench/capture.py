@@ -174,7 +174,20 @@ class TextSpec:
 
     @property
     def label(self) -> str:
+        if self.source.startswith("file:"):
+            return f"{Path(self.source.removeprefix('file:')).name}@{self.tokens}"
         return f"{self.source}#{self.seed}@{self.tokens}"
+
+    @property
+    def key(self) -> str:
+        """File-name-safe identity of the text: a text file by its content's hash."""
+        if self.source.startswith("file:"):
+            import xxhash
+
+            from kvswarm.corpus import file_text
+
+            return f"file-{xxhash.xxh3_64_hexdigest(file_text(Path(self.source.removeprefix('file:'))).encode())}"
+        return f"{self.source}-{self.seed}"
 
 
 def capture_dir() -> Path:
@@ -191,7 +204,7 @@ def cached_capture(text: TextSpec, steps: int, lm_loader: Callable[[], object], 
     from kvswarm.corpus import make_document
     from kvswarm.model import DEFAULT_MODEL_ID
 
-    path = capture_dir() / f"{DEFAULT_MODEL_ID}-{text.source}-{text.seed}-{text.tokens}-{steps}-{seed}.npz"
+    path = capture_dir() / f"{DEFAULT_MODEL_ID}-{text.key}-{text.tokens}-{steps}-{seed}.npz"
     if path.exists():
         try:
             cap = DecodeCapture.load(path)

@@ -4,7 +4,7 @@ A *strategy* is what a deployment would configure: a selector (who is needed), a
 (which entries share a store object, on which drive, how many copies), a retrieval (dedup,
 replica choice) and a DRAM cache policy.  The baselines and kvswarm run through the same
 code: selections come from each selector on the real model's captured queries
-(:class:`~kvswarm.swarm.capture.DecodeCapture`); reads are planned by the
+(:class:`~kvswarm.bench.capture.DecodeCapture`); reads are planned by the
 :class:`~kvswarm.swarm.retrieval.Retriever` and either executed on a real store
 (:class:`~kvswarm.swarm.sequence.SwarmSequence`) or costed with the drive model
 (``estimate``, used to tune on the profile text only).
@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from kvswarm.bench.capture import DecodeCapture
 from kvswarm.placement import DriveView
 from kvswarm.sparse.base import Selector, StepQuery, budget_for, make_selector
 from kvswarm.sparse.kmeans import KMeansPQSelector
-from kvswarm.swarm.cache import CostBenefit, SizedLRU
-from kvswarm.swarm.capture import DecodeCapture
+from kvswarm.swarm.cache import CostBenefit, PerLayerLRU
 from kvswarm.swarm.cluster import Clusters, cluster_heat, contiguous, make_clusterer
 from kvswarm.swarm.coact import cograph, incidence
 from kvswarm.swarm.index import ClusterSelector, LayerAllocation
 from kvswarm.swarm.layout import LayerLayout, SwarmPlacement, copy_hints, plan_layout
+from kvswarm.swarm.profile import preload_from_profile
 from kvswarm.swarm.retrieval import DriveModel, ReadPlan, Retriever, UnitCache
 
 SINKS, WINDOW = 4, 64
@@ -85,7 +86,7 @@ def _cached(td: TextData, name: str, make: Callable[[], dict[int, Clusters]]) ->
     """Per-layer clusters of a captured text, computed once (derived data next to the captures),
     keyed by everything they depend on: the capture, the offloaded range (sinks, window) and the
     profile (steps, sparsity), and the clusterer (``name``)."""
-    from kvswarm.swarm import capture
+    from kvswarm.bench import capture
 
     key = td.cap.meta.get("cache_key")
     if not key:
@@ -158,6 +159,9 @@ def position_blocks(td: TextData, size: int) -> dict[int, Clusters]:
 
 
 # ---- strategies -----------------------------------------------------------------------------
+CACHE_POLICIES = ("per_layer_lru", "cost_benefit")  # every strategy is run with each
+
+
 @dataclass
 class Strategy:
     name: str
@@ -165,64 +169,95 @@ class Strategy:
     # (clusters, the text's PQ index of ``pq`` codes, the text) -> selector
     selector: Callable[[dict[int, Clusters] | None, KMeansPQSelector, TextData], Selector]
     clusters: Callable[[TextData], dict[int, Clusters]]
+    clusters_id: tuple  # what ``clusters`` computes (equal ids, equal clusters: computed and stored once)
     layout: str = "raid0"  # raid0 | stripe | balanced
     piece_bytes: int = 32 << 10
     replicate: float = 0.0
     assign: str = "primary"
     dedup: bool = True
-    cache: str = "sized_lru"  # sized_lru | cost_benefit | none
+    cache: str = "cost_benefit"  # one of CACHE_POLICIES, or none
     selection_of: str | None = None  # reuse another strategy's selections (same selector)
-    cluster_select: bool = False  # the selector needs this strategy's clusters
     prebuilt: bool = False  # the selector is the text's shared PQ index, already built
     pq: tuple[int, int] = (64, 2)  # (centroids, subspaces) of the text's PQ index the selector uses
     warm: bool = False  # DRAM cache preloaded with the profile's hottest pieces (warm_cache)
-    meta: dict = field(default_factory=dict)
+    knobs: dict = field(default_factory=dict)  # the tuned settings this strategy was built from
+
+    def variant(self, cache: str, warm: bool) -> Strategy:
+        """The same strategy with another DRAM cache policy / preload."""
+        return replace(self, cache=cache, warm=warm)
 
 
-def default_strategies(best: dict | None = None) -> list[Strategy]:
-    """Baselines, the paper's Swarm (+ ablations) and kvswarm's best (``best`` overrides its knobs)."""
-    # pq (256, 8): 24 B of codes per entry (+ codebooks), below the fixed-block baseline's min/max
-    # keys (96 B per entry); alloc: per-layer budgets from the profile (LayerAllocation).
-    b = {"clusterer": "partition", "size": 12, "score": "pq", "pick": "density", "piece_bytes": 48 << 10,
-         "replicate": 0.15, "pq": (256, 8), "alloc": True}
-    b.update(best or {})
-    bsize = b["size"]
+# What the tuning pass may choose per strategy, on the profile text (the first entry: the
+# published default).  token: packing of token-level entries into pages of consecutive tokens;
+# blocks: block size; kmeans: PQ index size and key-cluster (page) size; raid0: stripe unit;
+# swarm: the clustering threshold; kvswarm: clusterer, cluster size, piece size, replication.
+GRIDS: dict[str, list[dict]] = {
+    "token": [{"block": 1}, {"block": 2}, {"block": 4}],
+    "blocks": [{"block": 16}, {"block": 8}, {"block": 32}],
+    "kmeans": [{"pq": (64, 2), "size": 16}, {"pq": (256, 8), "size": 16}, {"pq": (64, 2), "size": 32}],
+    "raid0": [{"block": 16}, {"block": 32}],
+    "swarm": [{"tau": 0.5}, {"tau": 0.3}, {"tau": 0.7}],
+    "kvswarm": [{"clusterer": "partition", "size": 12}, {"clusterer": "frequency", "size": 12},
+                {"clusterer": "partition", "size": 20}, {"clusterer": "partition", "size": 8},
+                {"clusterer": "partition", "size": 12, "piece_bytes": 96 << 10, "replicate": 0.0},
+                {"clusterer": "partition", "size": 12, "pq": (64, 2)},
+                {"clusterer": "partition", "size": 12, "alloc": False}],
+}
+QUICK_GRIDS = {k: v[:2] for k, v in GRIDS.items()}
+ORDER = ("token", "blocks", "kmeans", "swarm", "kvswarm", "raid0")  # tuning order (raid0 reads kvswarm's selection)
 
-    def best_clusters(td):
-        kw = {"size": bsize} if b["clusterer"] in ("partition", "frequency") else dict(b.get("cluster_kw", {}))
-        return coactivation_clusters(td, b["clusterer"], **kw)
 
-    paper_clusters = lambda td: coactivation_clusters(td, "greedy", tau=0.5, max_copies=2)  # noqa: E731
-    blocks16 = lambda td: position_blocks(td, 16)  # noqa: E731  (one function: blocks and RAID-0 share the layout)
-    paper_sel = lambda cl, pq, td: ClusterSelector(cl, score="medoid", pick="mass")  # noqa: E731
+def make_strategy(name: str, knobs: dict | None = None) -> Strategy:
+    """One strategy with ``knobs`` over its grid's first (published) entry."""
+    k = dict(GRIDS[name][0])
+    k.update(knobs or {})
+    if name == "token":
+        b = k["block"]
+        return Strategy("token", "token top-k (No Cluster)", lambda cl, pq, td: make_selector("oracle"),
+                        lambda td: position_blocks(td, b), ("blocks", b), knobs=k)
+    if name == "blocks":
+        b = k["block"]
+        return Strategy("blocks", "fixed blocks (InfLLM/Quest-like)",
+                        lambda cl, pq, td: make_selector("blocks", block_tokens=b),
+                        lambda td: position_blocks(td, b), ("blocks", b), knobs=k)
+    if name == "kmeans":
+        size = k["size"]
+        return Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq, td: pq,
+                        lambda td: key_clusters(td, size), ("keys", size), prebuilt=True, pq=tuple(k["pq"]),
+                        knobs=k)
+    if name == "swarm":
+        tau = k["tau"]
+        return Strategy("swarm", "Swarm as published", lambda cl, pq, td: ClusterSelector(cl, score="medoid",
+                                                                                          pick="mass"),
+                        lambda td: coactivation_clusters(td, "greedy", tau=tau, max_copies=2),
+                        ("greedy", tau), layout="stripe", assign="bucket", knobs=k)
+    kv = dict(GRIDS["kvswarm"][0], score="pq", pick="density", piece_bytes=48 << 10, replicate=0.15,
+              pq=(256, 8), alloc=True)
+    kv.update((knobs or {}).get("kvswarm", {}) if name == "raid0" else k)
 
-    def best_sel(cl, pq, td):
-        alloc = LayerAllocation.from_profile(td.mass[:td.profile_steps]) if b.get("alloc") else None
-        return ClusterSelector(cl, score=b["score"], pick=b["pick"], pq=pq, history=b.get("history", 0.0),
+    def sel(cl, pq, td):
+        alloc = LayerAllocation.from_profile(td.mass[:td.profile_steps]) if kv.get("alloc") else None
+        return ClusterSelector(cl, score=kv["score"], pick=kv["pick"], pq=pq, history=kv.get("history", 0.0),
                                alloc=alloc)
 
-    return [
-        Strategy("token", "token top-k (No Cluster)", lambda cl, pq, td: make_selector("oracle"),
-                 lambda td: position_blocks(td, 1)),
-        Strategy("blocks", "fixed blocks (InfLLM/Quest-like)",
-                 lambda cl, pq, td: make_selector("blocks", block_tokens=16), blocks16),
-        Strategy("kmeans", "k-means keys (PQCache-like)", lambda cl, pq, td: pq, lambda td: key_clusters(td, 16),
-                 prebuilt=True),
-        Strategy("raid0", "RAID-0, no co-activation", best_sel, blocks16,
-                 selection_of="kvswarm", pq=tuple(b["pq"])),
-        Strategy("swarm", "Swarm as published", paper_sel, paper_clusters, layout="stripe", assign="bucket",
-                 cache="cost_benefit", cluster_select=True),
-        Strategy("swarm_nobalance", "Swarm, no balance", paper_sel, paper_clusters, layout="stripe",
-                 assign="primary", cache="cost_benefit", selection_of="swarm"),
-        Strategy("swarm_nodedup", "Swarm, no dedup", paper_sel, paper_clusters, layout="stripe", assign="bucket",
-                 dedup=False, cache="none", selection_of="swarm"),
-        Strategy("kvswarm_cold", "kvswarm, cold DRAM cache", best_sel, best_clusters, layout="balanced",
-                 assign="makespan", piece_bytes=b["piece_bytes"], replicate=b["replicate"], cache="cost_benefit",
-                 selection_of="kvswarm", pq=tuple(b["pq"]), meta=b),
-        Strategy("kvswarm", "kvswarm best", best_sel, best_clusters, layout="balanced", assign="makespan",
-                 piece_bytes=b["piece_bytes"], replicate=b["replicate"], cache="cost_benefit", cluster_select=True,
-                 pq=tuple(b["pq"]), warm=b.get("warm", True), meta=b),
-    ]
+    if name == "raid0":
+        b = k["block"]
+        return Strategy("raid0", "RAID-0, no co-activation", sel, lambda td: position_blocks(td, b),
+                        ("blocks", b), selection_of="kvswarm", pq=tuple(kv["pq"]), knobs=k)
+    if name != "kvswarm":
+        raise ValueError(f"unknown strategy {name!r}; one of {ORDER}")
+    ckw = {"size": kv["size"]} if kv["clusterer"] in ("partition", "frequency") else dict(kv.get("cluster_kw", {}))
+    return Strategy("kvswarm", "kvswarm", sel, lambda td: coactivation_clusters(td, kv["clusterer"], **ckw),
+                    (kv["clusterer"], tuple(sorted(ckw.items()))), layout="balanced", assign="makespan",
+                    piece_bytes=kv["piece_bytes"], replicate=kv["replicate"], pq=tuple(kv["pq"]), knobs=kv)
+
+
+def default_strategies(tuned: dict[str, dict] | None = None) -> list[Strategy]:
+    """Every strategy with its tuned knobs (``tuned``: name -> knobs; raid0 also reads
+    ``tuned["kvswarm"]``, whose selection it lays out), else the published defaults."""
+    tuned = tuned or {}
+    return [make_strategy(n, {**tuned.get(n, {}), "kvswarm": tuned.get("kvswarm", {})} if n == "raid0"
+                          else tuned.get(n)) for n in ORDER]
 
 
 # ---- selections -----------------------------------------------------------------------------
@@ -232,7 +267,8 @@ class Selections:
     recall: np.ndarray  # [eval steps, layers]
     select_s: float  # mean selector time per (step, layer)
     index_bytes: int
-    entries: float  # mean entries attended per (step, layer)
+    entries: float  # mean entries selected per (step, layer)
+    steps: range  # the decode steps selected for
 
 
 def build_pq(td: TextData, centroids: int = 64, subspaces: int = 2) -> KMeansPQSelector:
@@ -261,7 +297,7 @@ def run_selector(td: TextData, selector: Selector, sparsity: float, steps: range
                 selector.feedback(layer, s, row[-1], td.mass[s, layer, row[-1] - td.base])
         pos.append(row)
     n = max(1, len(steps) * td.layers)
-    return Selections(pos, rec, t / n, selector.index_bytes(), float(np.mean([len(p) for r in pos for p in r])))
+    return Selections(pos, rec, t / n, selector.index_bytes(), float(np.mean([len(p) for r in pos for p in r])), steps)
 
 
 # ---- layouts and retrieval -------------------------------------------------------------------
@@ -290,10 +326,16 @@ def simulated_drives(layouts: list[LayerLayout], drives: int) -> list[list[list[
 
 def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: DriveModel,
                entry_bytes: int, td: TextData | None = None) -> UnitCache | None:
+    """The strategy's DRAM cache of ``capacity`` entries (all layers together), preloaded from the
+    profile when the strategy is ``warm``."""
     if st.cache == "none" or capacity <= 0:
         return None
-    pol = CostBenefit(capacity, t_base=1 / model.read_iops, t_transfer=entry_bytes / model.read_bps) \
-        if st.cache == "cost_benefit" else SizedLRU(capacity)
+    if st.cache == "cost_benefit":
+        pol = CostBenefit(capacity, t_base=1 / model.read_iops, t_transfer=entry_bytes / model.read_bps)
+    elif st.cache == "per_layer_lru":
+        pol = PerLayerLRU(capacity, len(layouts))
+    else:
+        raise ValueError(f"cache policy must be one of {CACHE_POLICIES} or none, got {st.cache!r}")
     cache = UnitCache(pol, {i: np.array([len(p.positions) for p in lay.pieces]) for i, lay in enumerate(layouts)})
     if st.warm and td is not None:
         warm_cache(cache, layouts, td)
@@ -301,27 +343,11 @@ def make_cache(st: Strategy, capacity: int, layouts: list[LayerLayout], model: D
 
 
 def warm_cache(cache: UnitCache, layouts: list[LayerLayout], td: TextData) -> None:
-    """Preload the DRAM cache with the pieces that held the most attention per entry during the
-    profile (all layers ranked together), each with the number of profile steps it held an active
-    entry as its read count: the state the cost-benefit policy reaches after many steps, known
-    at prefill (when the KV is in memory anyway)."""
+    """Preload the DRAM cache from the text's profile (``swarm.profile.preload_from_profile``): the
+    pieces with the most profile attention per entry, known at prefill (when the KV is in memory)."""
     p = td.profile_steps
-    share = td.mass[:p] / np.maximum(td.mass[:p].sum(2, keepdims=True), 1e-30)
-    dens, keys, reads = [], [], []
-    for layer, lay in enumerate(layouts):
-        hold = lay.holders(td.cap.prompt_len)[td.off]  # [n, pieces]
-        sizes = np.maximum(np.asarray(hold.sum(0)).ravel(), 1)
-        dens.append(np.asarray(share[:, layer].mean(0) @ hold).ravel() / sizes)
-        keys.append(np.stack([np.full(len(sizes), layer), np.arange(len(sizes))], 1))
-        act = td.profile_incidence(layer)[:, td.off] @ hold  # [profile steps, pieces]: active entries held
-        reads.append(np.asarray((act > 0).sum(0)).ravel())
-    dens_all, keys_all, reads_all = np.concatenate(dens), np.concatenate(keys), np.concatenate(reads)
-    # Fill in global rank order (a piece that does not fit is skipped, smaller ones may).
-    for i in np.argsort(-dens_all, kind="stable").tolist():
-        layer, piece = int(keys_all[i, 0]), int(keys_all[i, 1])
-        if len(cache.policy) >= cache.policy.capacity:
-            break
-        cache.preload(layer, np.array([piece]), np.array([reads_all[i]]))
+    preload_from_profile(cache, layouts, td.mass[:p], [td.profile_incidence(layer) for layer in range(td.layers)],
+                         td.off, td.cap.prompt_len)
 
 
 def retrievers(st: Strategy, layouts: list[LayerLayout], copy_drives: list[list[list[int]]], universe: int,
@@ -340,6 +366,7 @@ class IOResult:
     entries_read: np.ndarray
     wanted: np.ndarray
     hits: np.ndarray  # DRAM cache hits (entries)
+    recall: np.ndarray  # attention recall of every entry fetched or served from DRAM (mean over layers)
     model_s: np.ndarray | None = None  # the same reads under the drive model (throttle arithmetic)
     plan_s: float = 0.0  # mean planning time per (step, layer)
     per_drive_bytes: np.ndarray | None = None  # [drives] totals
@@ -347,10 +374,13 @@ class IOResult:
     def summary(self, drives: int, model: DriveModel, entry_bytes: int) -> dict:
         t = float(self.io_s.mean())
         bw = float(self.nbytes.sum() / max(self.io_s.sum(), 1e-12))
-        return {"io_ms": 1e3 * t, "io_model_ms": 1e3 * float(self.model_s.mean()) if self.model_s is not None else t * 1e3,
+        return {"io_ms": 1e3 * t, "recall": float(self.recall.mean()),
+                "io_model_ms": 1e3 * float(self.model_s.mean()) if self.model_s is not None else t * 1e3,
                 "mb_per_step": float(self.nbytes.mean() / 1e6),
                 "reads_per_step": float(self.reads.mean()), "bandwidth_mbps": bw / 1e6,
                 "utilisation": bw / (drives * model.read_bps),
+                "model_utilisation": float(self.model_s.sum() / max(self.io_s.sum(), 1e-12))
+                if self.model_s is not None else 1.0,
                 "read_amplification": float(self.entries_read.sum() / max(1, self.wanted.sum() - self.hits.sum())),
                 "dram_hit_rate": float(self.hits.sum() / max(1, self.wanted.sum())),
                 "plan_ms": 1e3 * self.plan_s}
@@ -358,16 +388,17 @@ class IOResult:
 
 def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
                run: Callable[[list[tuple[int, np.ndarray, ReadPlan]]], float] | None,
-               model: DriveModel, book: Callable[[int, ReadPlan], None] | None = None) -> IOResult:
+               model: DriveModel, td: TextData, book: Callable[[int, ReadPlan], None] | None = None) -> IOResult:
     """Plan every eval step's reads layer after layer (each plan books its reads in the DRAM cache
     before the next layer is planned, as in a decode; ``book`` does it for a store-backed sequence)
     and, with ``run``, execute the step's plans; without, cost them with ``model`` (the sum of each
-    layer's slowest drive)."""
+    layer's slowest drive).  Attention covers every entry of every piece read or used from DRAM
+    (no strategy pays for bytes it does not attend); ``recall`` is that set's share of the mass."""
     e = len(sel.positions)
-    r = IOResult(*(np.zeros(e) for _ in range(6)), model_s=np.zeros(e))
+    r = IOResult(*(np.zeros(e) for _ in range(6)), recall=np.zeros(e), model_s=np.zeros(e))
     pdb = np.zeros(rets[0].drives)
     plan_t = 0.0
-    for i, row in enumerate(sel.positions):
+    for i, (row, step) in enumerate(zip(sel.positions, sel.steps)):
         plans = []
         for layer, pos in enumerate(row):
             t0 = time.perf_counter()
@@ -375,6 +406,9 @@ def plan_steps(rets: list[Retriever], sel: Selections, cache: UnitCache | None,
             plan_t += time.perf_counter() - t0
             plans.append((layer, pos, plan))
             r.model_s[i] += plan.makespan(model)
+            attended = rets[layer].positions_of(np.concatenate([np.array([p for p, _ in plan.reads], np.int64),
+                                                                plan.cached_used]))
+            r.recall[i] += td.recall(step, layer, np.union1d(attended, pos)) / len(row)
             if book is not None:
                 book(layer, plan)
             elif cache is not None:

@@ -1,0 +1,375 @@
+"""``kvswarm bench lmcache``: kvswarm's LMCache storage plugin against LMCache's own LocalDiskBackend.
+
+One run, the same kernel-throttled drives (kvswarm.testbed: loop devices capped by cgroup v1 blkio,
+each formatted ext4 and mounted): both back ends are built by LMCache's own factory
+(``CreateStorageBackends``, the plugin through its plugin launcher) above LMCache's CPU back end,
+and driven through the calls LMCache's storage manager makes: ``batched_submit_put_task`` (a request's
+chunks, 16 at a time, timed until each chunk's completion callback) and ``batched_get_blocking``
+(16 chunks at a time, every byte then checked).  Chunks are 256 tokens of SmolLM2-135M's and
+Llama-3-8B's KV geometry (bf16).  Cases, their order alternating per round, the median kept:
+
+- ``lmcache_disk``: LocalDiskBackend on drive 0 (it takes one path), with its O_DIRECT option on
+  (without it, reads of chunks just written come from the page cache, not the drive); no fsync: a
+  chunk is reported stored once written, and its index lives in the process only.
+- ``kvswarm_1drive``: the plugin on drive 0, as shipped: every store flushed (drive and catalog
+  fdatasync'd) before it is reported, every read checksummed.
+- ``kvswarm_1drive_unflushed``: the same with ``durable: false`` (no flush per store), LMCache's own
+  durability, for a like-for-like store figure.
+- ``kvswarm_4drives``: the plugin striped over all four drives, as shipped.
+
+Restart: N chunks (16,384; 1,024 with --quick; 8-token chunks of SmolLM2's geometry, so that they fit
+the drives) are stored by each back end, then a fresh process builds the back end again and looks
+them up; timed from the start of building it until all N are found and the first 16 read back verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from kvswarm.bench import engine_host as host
+
+MiB, GiB = 1 << 20, 1 << 30
+BATCH = 16  # chunks per call: a 4,096-token request's chunks, as LMCache's engine batches them
+CHUNK = 256
+RESTART_CHUNK = 8
+DRIVES = 4
+CASES = ("lmcache_disk", "kvswarm_1drive", "kvswarm_1drive_unflushed", "kvswarm_4drives")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes (a couple of minutes)")
+    p.add_argument("--json", metavar="PATH", help="write results (with a 'summary' dict) here")
+    p.add_argument("--mib", type=int, default=None,
+                   help="MiB of chunks per case and geometry (default 384, quick 128)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds per case, the median kept (default 3, quick 1)")
+    p.add_argument("--restart-chunks", type=int, default=None, help="chunks for the restart (default 16384, quick 1024)")
+    p.add_argument("--restart-child", help=argparse.SUPPRESS)  # internal: the restarted process
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("lmcache") is None:
+        return host.reexec_in_engine_venv("kvswarm.bench.lmcache_bench", "lmcache", ".venv-lmcache",
+                                          "scripts/setup-lmcache.sh")
+    if args.restart_child:
+        print(json.dumps(restart_child(json.loads(args.restart_child))), flush=True)
+        return 0
+    from rich.console import Console
+
+    from kvswarm.integrations.lmcache.harness import LLAMA3_8B, SMOLLM2
+    from kvswarm.testbed import KERNEL, Testbed, kernel_support
+
+    if reason := kernel_support():
+        print(f"kvswarm bench lmcache: needs kernel drive emulation (LMCache's disk I/O can only be capped "
+              f"by the kernel): {reason}", file=sys.stderr)
+        return 2
+    console = Console(width=max(150, Console().width))
+    budget = (args.mib or (128 if args.quick else 384)) * MiB
+    rounds = args.rounds or (1 if args.quick else 3)
+    n_restart = args.restart_chunks or (1024 if args.quick else 16384)
+    restart_bytes = n_restart * SMOLLM2.chunk_bytes(RESTART_CHUNK)
+    drive_bytes = max(4 * GiB, int(2.5 * budget) + restart_bytes + GiB) // MiB * MiB
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": rounds, "batch_chunks": BATCH,
+                     "chunk_tokens": CHUNK, "geometries": {}}
+    with Testbed(drives=DRIVES, drive_bytes=drive_bytes, mode=KERNEL, preallocate=False) as tb:
+        results["testbed"] = tb.info()
+        console.print(tb.describe())
+        mounts = mount_drives(tb)
+        settle = tb.drain()  # the throttle's idle credit spent before each timed restore
+        try:
+            for geo in (SMOLLM2, LLAMA3_8B):
+                n = max(2, budget // geo.chunk_bytes(CHUNK))
+                console.print(f"[bold]{geo.name}: {n} chunks of {geo.chunk_bytes(CHUNK) / MiB:.2f} MiB[/bold]")
+                results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console)
+            results["restart"] = measure_restart(SMOLLM2, n_restart, mounts, console)
+        finally:
+            settle.close()
+            for m in mounts:
+                subprocess.run(["umount", m], check=False)
+    return host.finish(results, summarize, report, console, args.json)
+
+
+def mount_drives(tb) -> list[str]:
+    mounts = []
+    for i, dev in enumerate(tb.paths):
+        m = os.path.join(tb.root, f"mnt{i}")
+        os.makedirs(m)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev], check=True)
+        subprocess.run(["mount", dev, m], check=True)
+        mounts.append(m)
+    return mounts
+
+
+# ---- one back end, built by LMCache --------------------------------------------------------------
+class Backend:
+    """A disk back end built by LMCache's ``CreateStorageBackends`` (with its CPU back end, the
+    allocator every chunk lives in), on an event loop thread of its own as LMCache runs it."""
+
+    def __init__(self, case: str, geo, chunk: int, dirs: list[str], cpu_bytes: int, capacity: int) -> None:
+        from lmcache.v1.storage_backend import CreateStorageBackends
+
+        from kvswarm.integrations.lmcache.harness import kvswarm_config, local_disk_config, metadata
+
+        cpu_gb = cpu_bytes / GiB
+        if case == "lmcache_disk":
+            self.config = local_disk_config(dirs[0], chunk_size=chunk, cpu_gb=cpu_gb, disk_gb=capacity / GiB,
+                                            local_cpu=False, use_odirect=True)
+            name = "LocalDiskBackend"
+        else:
+            self.config = kvswarm_config(dirs, chunk_size=chunk, cpu_gb=cpu_gb, local_cpu=False,
+                                         capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed")
+            name = "kvswarm"
+        self.meta = metadata(geo, chunk_size=chunk)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.backends = CreateStorageBackends(self.config, self.meta, self.loop, dst_device="cpu")
+        if name not in self.backends:
+            raise RuntimeError(f"LMCache built no {name} (see its log): {list(self.backends)}")
+        self.disk = self.backends[name]
+        self.cpu = self.backends["LocalCPUBackend"]
+
+    def keys(self, n: int, seed: int) -> list:
+        from kvswarm.integrations.lmcache.harness import chunk_keys, text_tokens
+
+        out: dict = {}  # distinct keys only: a repeated chunk is stored once, and reported once
+        req = 0
+        while len(out) < n:  # requests of BATCH chunks each, over real text
+            for k in chunk_keys(self.config, self.meta, text_tokens(BATCH * self.meta.chunk_size, seed * 1000 + req)):
+                out.setdefault(k, None)
+            req += 1
+        return list(out)[:n]
+
+    def store(self, keys: list, data: list[np.ndarray]) -> float:
+        """Seconds until every chunk is reported stored (its completion callback)."""
+        from kvswarm.integrations.lmcache.harness import allocate_chunk
+
+        objs = [allocate_chunk(self.cpu, self.meta, d) for d in data]
+        done = threading.Semaphore(0)
+        t0 = time.perf_counter()
+        for a in range(0, len(keys), BATCH):
+            self.disk.batched_submit_put_task(keys[a:a + BATCH], objs[a:a + BATCH],
+                                              on_complete_callback=lambda k: done.release())
+            for o in objs[a:a + BATCH]:
+                o.ref_count_down()  # what LMCache's storage manager does once it has handed them over
+        for _ in keys:
+            if not done.acquire(timeout=600):
+                raise RuntimeError("a store was never reported done")
+        return time.perf_counter() - t0
+
+    def retrieve(self, keys: list) -> tuple[float, list]:
+        t0 = time.perf_counter()
+        got = []
+        for a in range(0, len(keys), BATCH):
+            got += self.disk.batched_get_blocking(keys[a:a + BATCH])
+        return time.perf_counter() - t0, got
+
+    def close(self) -> float:
+        t0 = time.perf_counter()
+        for b in self.backends.values():
+            b.close()
+        dt = time.perf_counter() - t0
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        return dt
+
+
+def check(got: list, data: list[np.ndarray]) -> tuple[int, int]:
+    """(misses, wrong bytes) of a retrieve; every hit's memory object goes back to the allocator."""
+    from kvswarm.integrations.lmcache.harness import obj_bytes
+
+    misses = wrong = 0
+    for g, d in zip(got, data):
+        if g is None:
+            misses += 1
+            continue
+        b = obj_bytes(g)
+        wrong += int(np.count_nonzero(b != d)) + abs(len(b) - len(d))
+        g.ref_count_down()
+    return misses, wrong
+
+
+def case_dirs(case: str, mounts: list[str], tag: str) -> list[str]:
+    used = mounts if case == "kvswarm_4drives" else mounts[:1]
+    dirs = [os.path.join(m, f"{case}-{tag}") for m in used]
+    for d in dirs:
+        os.makedirs(d)
+    return dirs
+
+
+def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, console) -> dict:
+    from kvswarm.integrations.lmcache.harness import chunk_bytes
+
+    size = geo.chunk_bytes(CHUNK)
+    data = [chunk_bytes(i, size) for i in range(n)]
+    total = n * size
+    seen: dict[str, dict[str, list]] = {c: {"store_gbps": [], "retrieve_gbps": [], "close_s": []} for c in CASES}
+    misses = wrong = 0
+    for r in range(rounds):
+        for case in CASES if r % 2 == 0 else CASES[::-1]:
+            dirs = case_dirs(case, mounts, f"{geo.layers}-{r}")
+            capacity = int(total * 1.25 / len(dirs)) + 64 * MiB
+            b = Backend(case, geo, CHUNK, dirs, int(total * 1.2) + 256 * MiB, capacity)
+            try:
+                keys = b.keys(n, seed=r)
+                settle()
+                t_store = b.store(keys, data)
+                settle()
+                t_get, got = b.retrieve(keys)
+                m, w = check(got, data)
+            finally:
+                seen[case]["close_s"].append(b.close())
+                for d in dirs:
+                    shutil.rmtree(d, ignore_errors=True)
+            misses += m
+            wrong += w
+            seen[case]["store_gbps"].append(total / t_store / 1e9)
+            seen[case]["retrieve_gbps"].append((total - m * size) / t_get / 1e9)
+            console.print(f"  round {r + 1} {case:26s} store {total / t_store / 1e9:6.3f} GB/s  retrieve "
+                          f"{(total - m * size) / t_get / 1e9:6.3f} GB/s  misses {m}  wrong bytes {w}")
+    out: dict = {"model": geo.name, "chunks": n, "chunk_bytes": size, "bytes_per_case": total, "misses": misses,
+                 "wrong_bytes": wrong}
+    for case, per in seen.items():
+        out[case] = {k: statistics.median(v) for k, v in per.items()} | {"rounds": per}
+    base = out["lmcache_disk"]["retrieve_gbps"]
+    out["retrieve_ratio_vs_lmcache_disk_1drive"] = out["kvswarm_1drive"]["retrieve_gbps"] / base
+    out["retrieve_speedup_vs_lmcache_disk_4drives"] = out["kvswarm_4drives"]["retrieve_gbps"] / base
+    out["store_ratio_vs_lmcache_disk_1drive"] = out["kvswarm_1drive"]["store_gbps"] / out["lmcache_disk"]["store_gbps"]
+    out["store_ratio_unflushed_vs_lmcache_disk_1drive"] = (out["kvswarm_1drive_unflushed"]["store_gbps"]
+                                                           / out["lmcache_disk"]["store_gbps"])
+    out["store_speedup_vs_lmcache_disk_4drives"] = (out["kvswarm_4drives"]["store_gbps"]
+                                                    / out["lmcache_disk"]["store_gbps"])
+    return out
+
+
+# ---- restart --------------------------------------------------------------------------------------
+def measure_restart(geo, n: int, mounts: list[str], console) -> dict:
+    from kvswarm.integrations.lmcache.harness import chunk_bytes
+
+    size = geo.chunk_bytes(RESTART_CHUNK)
+    data = [chunk_bytes(i, size) for i in range(n)]
+    out: dict = {"chunks": n, "chunk_tokens": RESTART_CHUNK, "chunk_bytes": size}
+    for case in ("lmcache_disk", "kvswarm_4drives"):
+        dirs = case_dirs(case, mounts, "restart")
+        capacity = int(n * size * 1.25 / len(dirs)) + 64 * MiB
+        # The restarted process reads BATCH chunks; the storing one holds all N in LMCache's allocator.
+        spec = {"case": case, "dirs": dirs, "n": n, "capacity": capacity, "cpu_bytes": 4 * BATCH * size + 64 * MiB}
+        try:
+            b = Backend(case, geo, RESTART_CHUNK, dirs, n * size + 256 * MiB, capacity)
+            try:
+                t_store = b.store(b.keys(n, seed=99), data)
+            finally:
+                b.close()
+            host.drop_caches()  # a restart after the machine's page cache is gone
+            p = subprocess.run([sys.executable, "-m", "kvswarm.bench.lmcache_bench", "--restart-child",
+                                json.dumps(spec)], capture_output=True, text=True, timeout=1200)
+            if p.returncode:
+                raise RuntimeError(f"restarted process failed: {p.stderr[-2000:]}")
+            row = json.loads(p.stdout.strip().splitlines()[-1])
+        finally:
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        row["store_s"] = t_store
+        out[case] = row
+        hit = f"{row['hit_s']:.2f} s" if row["hit_s"] is not None else "never"
+        console.print(f"  restart {case:16s} found {row['found']} of {n} chunks, first {BATCH} read back "
+                      f"{row['read_ok']} ok; hits after {hit} (back end built in {row['build_s']:.2f} s)")
+    return out
+
+
+def restart_child(spec: dict) -> dict:
+    """In a fresh process: build the back end over the stored chunks, look them all up, read the
+    first BATCH back; seconds from the start of building it until that is done."""
+    from kvswarm.integrations.lmcache.harness import SMOLLM2, chunk_bytes, obj_bytes
+
+    size = SMOLLM2.chunk_bytes(RESTART_CHUNK)
+    t0 = time.perf_counter()
+    b = Backend(spec["case"], SMOLLM2, RESTART_CHUNK, spec["dirs"], spec["cpu_bytes"], spec["capacity"])
+    build = time.perf_counter() - t0
+    try:
+        keys = b.keys(spec["n"], seed=99)
+        t1 = time.perf_counter()
+        found = sum(b.disk.batched_contains(keys[a:a + 256]) for a in range(0, len(keys), 256))
+        got = b.disk.batched_get_blocking(keys[:BATCH]) if found else [None] * BATCH
+        ok = 0
+        for i, g in enumerate(got):
+            if g is not None:
+                ok += bool(np.array_equal(obj_bytes(g), chunk_bytes(i, size)))
+                g.ref_count_down()
+        t_end = time.perf_counter()
+    finally:
+        with contextlib.suppress(Exception):
+            b.close()
+    hit = found == spec["n"] and ok == BATCH
+    return {"found": found, "read_ok": ok, "build_s": build, "lookup_s": t_end - t1,
+            "hit_s": t_end - t0 if hit else None}
+
+
+# ---- output ---------------------------------------------------------------------------------------
+def summarize(r: dict) -> dict:
+    s: dict = {}
+    geos = r["geometries"]
+    for tag, g in geos.items():
+        for case in CASES:
+            s[f"{tag}_{case}_store_gbps"] = g[case]["store_gbps"]
+            s[f"{tag}_{case}_retrieve_gbps"] = g[case]["retrieve_gbps"]
+        for k in ("retrieve_ratio_vs_lmcache_disk_1drive", "retrieve_speedup_vs_lmcache_disk_4drives",
+                  "store_ratio_vs_lmcache_disk_1drive", "store_ratio_unflushed_vs_lmcache_disk_1drive",
+                  "store_speedup_vs_lmcache_disk_4drives"):
+            s[f"{tag}_{k}"] = g[k]
+    # Headlines: the lower of the two geometries'.
+    for k in ("retrieve_ratio_vs_lmcache_disk_1drive", "retrieve_speedup_vs_lmcache_disk_4drives",
+              "store_ratio_vs_lmcache_disk_1drive", "store_speedup_vs_lmcache_disk_4drives"):
+        s[k] = min(g[k] for g in geos.values())
+    rs = r["restart"]
+    s["restart_chunks"] = rs["chunks"]
+    s["restart_hit_s_kvswarm"] = rs["kvswarm_4drives"]["hit_s"]
+    s["restart_hit_s_lmcache_disk"] = rs["lmcache_disk"]["hit_s"]  # None: its restarted process finds nothing
+    s["restart_found_lmcache_disk"] = rs["lmcache_disk"]["found"]
+    s["restart_found_kvswarm"] = rs["kvswarm_4drives"]["found"]
+    s["misses"] = sum(g["misses"] for g in geos.values())
+    s["wrong_bytes"] = sum(g["wrong_bytes"] for g in geos.values())
+    s["durable_stores"] = {"kvswarm": "flushed (drives and catalog fdatasync'd) before each store is reported",
+                           "lmcache_disk": "no fsync; index in process memory only (lost at restart)"}
+    return s
+
+
+def report(r: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title="LMCache disk tier: chunks per second through LMCache's back-end calls (GB/s, medians)")
+    for col in ("geometry", "case", "drives", "store", "retrieve", "retrieve x"):
+        t.add_column(col)
+    for g in r["geometries"].values():
+        base = g["lmcache_disk"]["retrieve_gbps"]
+        for case in CASES:
+            drives = DRIVES if case == "kvswarm_4drives" else 1
+            t.add_row(g["model"], case, str(drives), f"{g[case]['store_gbps']:.3f}", f"{g[case]['retrieve_gbps']:.3f}",
+                      f"{g[case]['retrieve_gbps'] / base:.2f}")
+    console.print(t)
+    s = r["summary"]
+    lm = s["restart_hit_s_lmcache_disk"]
+    console.print(f"restart ({s['restart_chunks']} chunks): kvswarm hits after {s['restart_hit_s_kvswarm']:.2f} s; "
+                  f"LMCache's disk back end {'never (found ' + str(s['restart_found_lmcache_disk']) + ')' if lm is None else f'{lm:.2f} s'}")
+    console.print(f"misses {s['misses']}, wrong bytes {s['wrong_bytes']}; " + r["testbed"]["emulation"]
+                  + " emulation, caps " + json.dumps(r["testbed"]["caps"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return host.standalone_main("lmcache", __doc__, add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""LMCache plugin tests; they run inside .venv-lmcache (scripts/setup-lmcache.sh) and are skipped by the
+other venvs; tests/test_lmcache_plugin.py runs them.  Everything they exercise above kvswarm (the
+storage manager, its plugin launcher, the CPU back end and allocator, chunk keys) is LMCache's real code."""
+
+import importlib.util
+
+if importlib.util.find_spec("lmcache") is None:
+    collect_ignore_glob = ["*.py"]
