@@ -15,7 +15,7 @@ from kvswarm.format import key_digest
 from kvswarm.io.base import IOEngine
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import PrefixKeyer, new_block
-from kvswarm.tiers import PrefetchPolicy, Tier
+from kvswarm.tiers import TIERS, PrefetchPolicy, Tier
 from kvswarm.tiers.manager import TierConfig, TierManager
 from kvswarm.tiers.pools import PoolConfig
 
@@ -91,7 +91,7 @@ def test_full_pools_evict_never_crash(tmp_path, eviction):
         for s in range(30):  # 120 blocks through 4 + ~12 + ~14 block tiers
             serve(tm, keys_of(s % 12, 4))
         tm.flush()
-        for t in Tier:
+        for t in TIERS:
             assert tm.director.resident(t) <= tm.director.capacity(t)
         for t, s in tm.stores.items():
             assert len(s) == tm.director.resident(t)  # the pools hold exactly what the director believes

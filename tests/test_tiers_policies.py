@@ -12,6 +12,7 @@ from kvswarm.tiers import (
     ARC,
     LRU,
     S3FIFO,
+    TIERS,
     AlwaysDemote,
     BlockInfo,
     ComputeModel,
@@ -167,7 +168,7 @@ class ByteModel:
     each tier holds must be exactly what the director believes it holds."""
 
     def __init__(self) -> None:
-        self.have: dict[Tier, set] = {t: set() for t in Tier}
+        self.have: dict[Tier, set] = {t: set() for t in TIERS}
 
     def run(self, acts) -> None:
         for a in acts:
@@ -179,7 +180,7 @@ class ByteModel:
                 self.have[a.tier].discard(a.key)
 
     def check(self, d: TierDirector) -> None:
-        for t in Tier:
+        for t in TIERS:
             assert self.have[t] == set(d.tiers[t]), t
 
 
@@ -199,7 +200,7 @@ def test_director_invariants(write, eviction, reqs):
             acts += d.admit(k, None)
         m.run(acts)
         m.check(d)
-        for t in Tier:
+        for t in TIERS:
             assert d.resident(t) <= d.capacity(t)
         assert d.locate(keys[-1]) == Tier.DRAM
     m.run(d.flush())

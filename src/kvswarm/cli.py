@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("kvswarm.traces", "record activation traces of the real model decoding real texts"),
     "plan": ("kvswarm.planner.cli", "project performance and cost; recommend a DRAM/SSD/HDD mix"),
     "fsck": ("kvswarm.fsck_cli", "check a store's catalog against its drives; --repair rebuilds it from them"),
+    "cluster": ("kvswarm.cluster.cli", "a Mooncake master for a one-machine cluster (up), what a master holds (status)"),
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "io": ("kvswarm.bench.io_bench", "raw O_DIRECT ceiling vs the store's batched get/put"),
@@ -31,6 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "lmcache": ("kvswarm.bench.lmcache_bench", "LMCache's local disk back end vs kvswarm's storage plugin"),
     "faults": ("kvswarm.bench.faults_bench", "fault campaign: crashes, power cuts, corruption, ENOSPC, EIO, "
                "races and bad input; counts wrong bytes, lost objects, hangs and raw errors"),
+    "cluster": ("kvswarm.bench.cluster_bench", "across nodes on Mooncake Store: TTFT, fetch, offload, restart"),
 }
 # What bad input raises below the CLI: reported in one line, like argparse's own errors.
 INPUT_ERRORS = (KVSwarmError, OSError, ValueError)

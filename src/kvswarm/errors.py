@@ -56,3 +56,8 @@ class LayoutMismatch(KVSwarmError, ValueError):
 
 class BadInput(KVSwarmError, ValueError):
     """A user's input (a text file, a source name, a size) cannot be used as given."""
+
+
+class ClusterError(KVSwarmError):
+    """The cluster level is misconfigured, or this node could not join the cluster (its master,
+    metadata service or Transfer Engine).  Once joined, cluster failures are misses, never errors."""

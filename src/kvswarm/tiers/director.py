@@ -41,9 +41,10 @@ class Tier(IntEnum):
     DRAM = 0
     SSD = 1
     CAPACITY = 2
+    CLUSTER = 3  # the pool shared by many nodes: served by the manager, not placed by the director
 
 
-TIERS = (Tier.DRAM, Tier.SSD, Tier.CAPACITY)
+TIERS = (Tier.DRAM, Tier.SSD, Tier.CAPACITY)  # the node's own tiers, which the director places
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +94,8 @@ class TierDirector:
         self.counters: dict[str, int] = dict.fromkeys(
             ["requests", "blocks", "located_dram", "located_ssd", "located_capacity", "misses",
              "writes_dram", "writes_ssd", "writes_capacity", "evictions_dram", "evictions_ssd",
-             "evictions_capacity", "demotions", "promotions_ssd", "promotions_capacity", "lost_dram", "lost_ssd",
-             "lost_capacity", "kept_dram", "kept_ssd"], 0)
+             "evictions_capacity", "demotions", "promotions_ssd", "promotions_capacity", "promotions_cluster",
+             "lost_dram", "lost_ssd", "lost_capacity", "kept_dram", "kept_ssd"], 0)
 
     # ---- queries ---------------------------------------------------------------------------
     def has(self, tier: Tier) -> bool:

@@ -12,6 +12,12 @@ One request's life::
 Block identities inside the tiers are the store's key digests (``format.key_digest``),
 so the state can be rebuilt from the pools' catalogs after a restart; a block's key
 travels in its payload header (:mod:`kvswarm.prefix.block`) for moves between pools.
+With a cluster level (``TierConfig.cluster``), a node looks up DRAM, then its SSD pool, then the
+cluster's pool, then its capacity pool, then recomputes; blocks it computes are published as the
+publication policy says, and blocks fetched from the cluster enter DRAM (and the SSD pool, as the
+write policy says) like any other hit.  :meth:`TierManager.maintain` re-publishes the node's durable
+blocks when the cluster's master has lost them (it restarted).
+
 Any block that cannot be read back intact - missing, corrupt, on a failed drive, of
 another namespace or size - is a miss (counted), and its tier forgets it.  A block moving
 down whose write there fails, or is not made durable, stays where it was (counted
@@ -24,10 +30,13 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvswarm.buffers import BufferPoolExhausted
+from kvswarm.cluster.config import ClusterConfig
+from kvswarm.cluster.pool import ClusterPool
+from kvswarm.cluster.publication import make_publication
 from kvswarm.errors import ConfigError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
@@ -35,7 +44,7 @@ from kvswarm.prefix.keys import KEY_BYTES
 from kvswarm.store import GetHandle, KVStore
 from kvswarm.tiers.admission import WritePolicy
 from kvswarm.tiers.demotion import DemotionPolicy
-from kvswarm.tiers.director import Action, Copy, Tier, TierDirector
+from kvswarm.tiers.director import TIERS, Action, Copy, Tier, TierDirector
 from kvswarm.tiers.dram import DramTier, Slot
 from kvswarm.tiers.pools import PoolConfig, block_capacity
 from kvswarm.tiers.prefetch import PrefetchPolicy
@@ -57,6 +66,7 @@ class TierConfig:
     demotion: str | DemotionPolicy | None = None  # default: always demote when there is a capacity pool
     prefetch: PrefetchPolicy = field(default_factory=PrefetchPolicy)
     chunk_blocks: int = 8  # blocks per read batch: the granularity at which a late prefix is cut
+    cluster: ClusterConfig | None = None  # the pool shared with other nodes (Mooncake Store)
 
 
 class PrefixHit:
@@ -135,7 +145,7 @@ class Prefetch:
                 while j < n and tiers[j] == t and j - i < mgr.config.chunk_blocks:
                     j += 1
                 try:
-                    self._chunks.append((i, j, t, mgr.stores[t].submit_get_digests(digests[i:j])))
+                    self._chunks.append((i, j, t, mgr._submit_get(t, digests[i:j])))
                 except BufferPoolExhausted:  # the pool's read buffers are full: the rest is recomputed
                     mgr.counters["buffer_exhausted"] += 1
                     n = i
@@ -186,7 +196,7 @@ class Prefetch:
         try:
             for i, j, t, h in self._chunks:
                 taken += 1
-                if i >= usable or not _wait(h, mgr.stores[t], deadline):
+                if i >= usable or not _wait(h, mgr._progress(t), deadline):
                     if i < usable:
                         late = usable - i
                         usable = i
@@ -234,15 +244,15 @@ def _check_keys(keys: Sequence[bytes]) -> None:
             raise ConfigError(f"a block key is {KEY_BYTES} bytes, not {k!r}")
 
 
-def _wait(h: GetHandle, store: KVStore, deadline: float) -> bool:
-    """Drive completions until ``h`` is done or ``deadline`` passes; True when done."""
+def _wait(h, progress: Callable[[float], object], deadline: float) -> bool:
+    """Drive completions (``progress(timeout)``) until ``h`` is done or ``deadline`` passes; True when done."""
     if deadline == math.inf:
         return True
     while not h.poll():
         rem = deadline - now()
         if rem <= 0:
             return False
-        store.poll(min(rem, 0.05))
+        progress(min(rem, 0.05))
     return True
 
 
@@ -251,10 +261,12 @@ class TierManager:
 
     ``stores`` may supply already-open pools (tests, testbeds); otherwise they are
     opened from ``config.ssd`` / ``config.capacity``.  Opening existing pools restores
-    every flushed block (see :attr:`reopen_seconds`).
+    every flushed block (see :attr:`reopen_seconds`).  ``cluster`` may supply an already-joined
+    cluster pool; otherwise one joins ``config.cluster`` (and re-publishes the durable blocks).
     """
 
-    def __init__(self, config: TierConfig, stores: dict[Tier, KVStore] | None = None) -> None:
+    def __init__(self, config: TierConfig, stores: dict[Tier, KVStore] | None = None,
+                 cluster: ClusterPool | None = None) -> None:
         t0 = now()
         self.config = config
         self.stores: dict[Tier, KVStore] = dict(stores or {})
@@ -283,6 +295,14 @@ class TierManager:
         for t, s in self.stores.items():  # warm restart: oldest first, so recency survives roughly
             self._execute(self.director.restore(t, [d for d, _ in s.entries_oldest_first()]), {})
         self.reopen_seconds = now() - t0
+        if cluster is None and config.cluster is not None:
+            cluster = ClusterPool(config.cluster)
+        self.cluster = cluster
+        self.publication = make_publication(cluster.config.publish if cluster else "none")
+        # Durable blocks still to re-publish to the cluster (all of them after a start: the cluster may
+        # have lost this node's blocks while it was down).
+        self._republish: list[bytes] = self._durable_digests() if cluster else []
+        self._republishing: list[tuple[object, int]] = []  # publications of the re-publication under way
 
     # ---- the request path ------------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
@@ -295,6 +315,9 @@ class TierManager:
         self._check_health()
         digests = [key_digest(k) for k in keys]
         tiers = self.director.lookup(digests)
+        if self.cluster is not None:
+            self.maintain()
+            tiers = self._with_cluster(digests, tiers)
         for t in POOL_TIERS:  # a block is readable once its put completed
             pending = self._pending[t]
             if pending and any(p == t and pending[d] for d, p in zip(digests, tiers)):
@@ -322,6 +345,129 @@ class TierManager:
             bufs[d] = p
             acts += self.director.admit(d, None)
         self._execute(acts, bufs)
+        if self.cluster is not None:
+            pub = [(d, p) for d, p in bufs.items() if self.publication.publish(self.director.info(d).sightings)]
+            if pub:
+                self.cluster.submit_publish([d for d, _ in pub], [p for _, p in pub])
+
+    # ---- the cluster level -----------------------------------------------------------------
+    def _with_cluster(self, digests: list[bytes], tiers: list[Tier]) -> list[Tier]:
+        """The node's own tiers for ``digests`` (its longest local prefix), with the cluster serving the
+        blocks that its capacity pool holds or that no local tier holds (a contiguous prefix again)."""
+        ask = [i for i, t in enumerate(tiers) if t == Tier.CAPACITY] + list(range(len(tiers), len(digests)))
+        if not ask:
+            return tiers
+        held = dict(zip(ask, self.cluster.contains([digests[i] for i in ask])))
+        out: list[Tier] = []
+        for i in range(len(digests)):
+            t = tiers[i] if i < len(tiers) else None
+            if t in (Tier.DRAM, Tier.SSD):
+                out.append(t)
+            elif held.get(i):
+                out.append(Tier.CLUSTER)
+            elif t is not None:
+                out.append(t)
+            else:
+                break
+        return out
+
+    def _submit_get(self, tier: Tier, digests: Sequence[bytes]):
+        if tier == Tier.CLUSTER:
+            return self.cluster.submit_fetch(digests, self.config.block_bytes)
+        return self.stores[tier].submit_get_digests(digests)
+
+    def _progress(self, tier: Tier) -> Callable[[float], object]:
+        return self.cluster.progress if tier == Tier.CLUSTER else self.stores[tier].poll
+
+    def _durable_digests(self) -> list[bytes]:
+        seen: dict[bytes, None] = {}
+        for t in POOL_TIERS:
+            if t in self.stores:
+                seen.update(dict.fromkeys(self.director.tiers[t]))
+        return list(seen)
+
+    def maintain(self, budget: int | None = None) -> int:
+        """Cluster upkeep (each prefetch calls it): once the master no longer indexes this node's
+        blocks (it restarted, failed over, or took this node for dead), re-publish the node's durable
+        blocks, reading up to ``budget`` (default ``republish_batch``) per call so that requests never
+        wait for all of them.  When the last batch is out, it waits (bounded) for the publications and
+        marks the node indexed if all landed or the master still answers (one without room for all of
+        them keeps the rest out); a master lost meanwhile means the next check starts over.
+        Returns how many blocks this call handed to the cluster."""
+        if self.cluster is None:
+            return 0
+        if not self._republish and self.cluster.index_lost():
+            self._republish = self._durable_digests()
+            if not self._republish:
+                self.cluster.mark_indexed()
+        if not self._republish:
+            return 0
+        n = budget or self.cluster.config.republish_batch
+        batch, self._republish = self._republish[:n], self._republish[n:]
+        sent = self._publish_from_pools(batch)
+        if not self._republish:
+            self._finish_republish()
+        return sent
+
+    def _finish_republish(self) -> None:
+        handles, self._republishing = self._republishing, []
+        deadline = now() + 4 * self.cluster.config.rpc_timeout_s + len(handles) * 0.05
+        sent = landed = 0
+        for h, n in handles:
+            sent += n
+            try:
+                landed += h.wait(max(0.0, deadline - now()))
+            except TimeoutError:  # still running: not counted, and the node is not marked indexed
+                pass
+        self.cluster.counters["republished_blocks"] += landed
+        if landed == sent or self.cluster.healthy():
+            # A master that answers and refused some has no room for them: they stay on this node's
+            # drives (served here) until they are published again.
+            if landed < sent:
+                log.info("cluster: %d of %d re-published blocks fit in the cluster", landed, sent)
+            self.cluster.mark_indexed()
+        else:
+            log.warning("cluster: %d of %d re-published blocks landed and the master is gone; trying "
+                        "again at the next check", landed, sent)
+
+    def republish(self) -> int:
+        """Re-publish every durable block now and wait (bounded) until they have landed; how many were
+        handed to the cluster (``cluster.counters["republished_blocks"]`` counts those that landed)."""
+        if self.cluster is None:
+            return 0
+        self._republish = self._durable_digests()
+        done = 0
+        if not self._republish:
+            self.cluster.mark_indexed()
+        while self._republish:
+            done += self.maintain(self.cluster.config.republish_batch)
+        return done
+
+    def _publish_from_pools(self, digests: list[bytes]) -> int:
+        """Read ``digests`` back from the pools (verified) and publish them; how many were handed over."""
+        self._reap()  # a block being written is only readable once its put completed
+        by_tier: dict[Tier, list[bytes]] = {}
+        for d in digests:
+            t = next((t for t in POOL_TIERS if t in self.stores and d in self.director.tiers[t]), None)
+            if t is not None:
+                by_tier.setdefault(t, []).append(d)
+        sent = 0
+        for t, ds in by_tier.items():
+            try:
+                r = self.stores[t].submit_get_digests(ds).wait()
+            except BufferPoolExhausted:
+                self._republish += ds  # tried again at the next step
+                continue
+            try:
+                ok = [(d, v) for d, v in zip(ds, r.views)
+                      if v is not None and (k := block_key(v)) is not None and key_digest(k) == d]
+                if ok:
+                    h = self.cluster.submit_publish([d for d, _ in ok], [v for _, v in ok])
+                    self._republishing.append((h, len(ok)))
+                    sent += len(ok)
+            finally:
+                r.release()
+        return sent
 
     def evict(self, keys: Sequence[bytes], tier: Tier) -> None:
         """Push blocks out of ``tier`` now, with the usual write-back / demotion consequences."""
@@ -354,8 +500,13 @@ class TierManager:
                 failed = True
         if failed:
             self._check_health()
+        if self.cluster is not None:
+            self.cluster.drain(self.cluster.config.rpc_timeout_s * 4)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
         if not self.stores:
             return
         self.flush()
@@ -478,7 +629,10 @@ class TierManager:
     def _lost_in_pool(self, digest: bytes, tier: Tier) -> None:
         """A pool block read back missing, corrupt or not the block asked for: the director forgets
         it, and its store drops it (else its extents stay taken, counted by nobody, until the key is
-        written again; a restart would count it again, and fail it again)."""
+        written again; a restart would count it again, and fail it again).  The cluster's blocks are
+        not the director's: one that fails is a miss, counted by the cluster pool."""
+        if tier == Tier.CLUSTER:
+            return
         self.director.lost(digest, tier)
         if self._pending[tier][digest]:
             self._doomed[tier].add(digest)  # a newer write is in flight: dropped once it completes
@@ -686,10 +840,10 @@ class TierManager:
             "hit_rate": {t.name.lower(): c[f"hit_{t.name.lower()}"] / blocks for t in Tier}
             | {"total": sum(c[f"hit_{t.name.lower()}"] for t in Tier) / blocks},
             "director": dict(self.director.counters),
-            "resident": {t.name.lower(): self.director.resident(t) for t in Tier},
-            "capacity_blocks": {t.name.lower(): self.director.capacity(t) for t in Tier},
+            "resident": {t.name.lower(): self.director.resident(t) for t in TIERS},
+            "capacity_blocks": {t.name.lower(): self.director.capacity(t) for t in TIERS},
             "pools": {t.name.lower(): s.stats() for t, s in self.stores.items()},
-        }
+        } | ({"cluster": self.cluster.stats()} if self.cluster is not None else {})
 
 
 class _Refused:
