@@ -92,7 +92,6 @@ def test_results_table_links_exist() -> None:
             assert (ROOT / link).is_file(), f"{link} (linked from the README's results table) does not exist"
 
 
-@pytest.mark.xfail(strict=False, reason="lead fills figures")
 def test_no_figure_left_to_fill() -> None:
     offenders = [p.relative_to(ROOT) for p in tracked_text_files()
                  if p.suffix == ".md" and TODO in p.read_text(encoding="utf-8", errors="replace")]
