@@ -53,27 +53,18 @@ def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen | Non
     raise ClusterError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
 
 
-class MasterProcess:
-    """A ``mooncake_master`` child process; ``stop(kill=True)`` is a kill -9."""
+class _ServiceProcess:
+    """A child service in a process group of its own: ``args``, ``host``, ``port``, ``log_path`` and
+    ``wait`` (whether ``start`` waits for its port) are set by the subclass."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 50051, metrics_port: int = 9003,
-                 log_path: str | os.PathLike | None = None, client_ttl_s: int = 10,
-                 etcd: str | None = None, extra: list[str] | None = None, wrap: list[str] | None = None) -> None:
-        self.host, self.port, self.metrics_port = host, port, metrics_port
-        self.args = [find_binary("mooncake_master"), f"--rpc_address={host}", f"--rpc_port={port}",
-                     f"--metrics_host={host}", f"--metrics_port={metrics_port}", f"--client_ttl={client_ttl_s}"]
-        if etcd:
-            self.args += ["--enable_ha=true", f"--etcd_endpoints={etcd}"]
-        self.args = [*(wrap or []), *self.args, *(extra or [])]
-        self.wait = not wrap and not etcd  # a standby master listens only once elected
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+    args: list[str]
+    host: str
+    port: int
+    log_path: str | os.PathLike | None
+    wait: bool
+    proc: subprocess.Popen | None = None
 
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def start(self, timeout: float = 20.0) -> MasterProcess:
+    def start(self, timeout: float = 20.0):
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -95,14 +86,35 @@ class MasterProcess:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout)
 
-    def __enter__(self) -> MasterProcess:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-class EtcdProcess:
+class MasterProcess(_ServiceProcess):
+    """A ``mooncake_master`` child process; ``stop(kill=True)`` is a kill -9."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 50051, metrics_port: int = 9003,
+                 log_path: str | os.PathLike | None = None, client_ttl_s: int = 10,
+                 etcd: str | None = None, extra: list[str] | None = None, wrap: list[str] | None = None) -> None:
+        self.host, self.port, self.metrics_port = host, port, metrics_port
+        self.args = [find_binary("mooncake_master"), f"--rpc_address={host}", f"--rpc_port={port}",
+                     f"--metrics_host={host}", f"--metrics_port={metrics_port}", f"--client_ttl={client_ttl_s}"]
+        if etcd:
+            self.args += ["--enable_ha=true", f"--etcd_endpoints={etcd}"]
+        self.args = [*(wrap or []), *self.args, *(extra or [])]
+        self.wait = not wrap and not etcd  # a standby master listens only once elected
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class EtcdProcess(_ServiceProcess):
     """A one-member etcd on ``host:port`` with its data in ``data_dir``."""
 
     def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 2379,
@@ -113,7 +125,7 @@ class EtcdProcess:
         if not binary:
             raise ClusterError("etcd not found: scripts/setup.sh installs Debian's etcd-server")
         url, peer = f"http://{host}:{port}", f"http://{host}:{peer_port}"
-        self.wrapped = bool(wrap)
+        self.wait = not wrap
         self.args = [*(wrap or []), binary, "--data-dir", str(data_dir), "--listen-client-urls", url,
                      "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                      "--initial-cluster", f"default={peer}", "--name", "default"]
@@ -123,19 +135,3 @@ class EtcdProcess:
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> EtcdProcess:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        try:
-            self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            if out is not subprocess.DEVNULL:
-                out.close()
-        if not self.wrapped:
-            wait_port(self.host, self.port, timeout, self.proc)
-        return self
-
-    def stop(self) -> None:
-        p, self.proc = self.proc, None
-        if p is not None and p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
