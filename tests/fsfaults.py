@@ -1,8 +1,8 @@
 """Real file systems and block devices that fail on demand, for fault tests (root only).
 
 - :func:`small_fs`: a tmpfs of a few MiB (a real ENOSPC when it fills).
-- :func:`ext4_fs`: an ext4 file system on a loop device over a file; :func:`shutdown_fs` shuts it
-  down (``EXT4_IOC_SHUTDOWN``), after which every read and write on it fails with EIO.
+- :func:`ext4_fs`: an ext4 file system on a loop device over a file; :func:`shutdown_fs`
+  (:func:`kvswarm.faults.loopfs.shutdown`) shuts it down, after which every read and write on it fails with EIO.
 - :func:`loop_device`: a loop device over a file (a block-device drive); over a sparse file on a
   small file system it is a thin volume, whose writes fail with ENOSPC once that file system is full.
 
@@ -12,14 +12,11 @@ Everything is undone on exit, even when the test fails.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import struct
 import subprocess
 from collections.abc import Iterator
 
-EXT4_IOC_SHUTDOWN = 0x8004587D  # _IOR('X', 125, __u32)
-EXT4_GOING_FLAGS_NOLOGFLUSH = 2  # like a power cut: the journal is not flushed
+from kvswarm.faults.loopfs import shutdown as shutdown_fs  # noqa: F401  (the tests import it from here)
 
 
 def _run(*cmd: str) -> str:
@@ -62,12 +59,3 @@ def ext4_fs(path: str, size_mib: int = 32) -> Iterator[str]:
                 subprocess.run(["umount", "-l", path], check=False)
     finally:
         os.remove(img)
-
-
-def shutdown_fs(path: str, flags: int = EXT4_GOING_FLAGS_NOLOGFLUSH) -> None:
-    """Shut the ext4 file system mounted at ``path`` down: from now on its I/O fails with EIO."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", flags))
-    finally:
-        os.close(fd)
