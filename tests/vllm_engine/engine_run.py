@@ -1,13 +1,14 @@
 """One vLLM engine process with the kvswarm offloading spec; prints a JSON report.
 
     python engine_run.py --model DIR --drives D0,D1 --phase write|read|serve|follow --out FILE [--stop FILE]
-                         [--huge-first]
+                         [--huge-first] [--cluster JSON]
 
 ``write``: generate a real-text prompt (reference logprobs), wait until its blocks are
 in kvswarm, reset vLLM's prefix cache and its CPU tier, generate again (must be served
 by kvswarm).  ``read``: a fresh process generates the same prompt once.  ``serve``: like
 ``write`` without the second pass, then report and keep the engine (and its store) open
 until ``--stop`` exists.  ``follow``: ``read`` with the tier following the live store.
+``--cluster``: the tier's ``cluster`` section (its counters are reported under ``"cluster"``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     ap.add_argument("--stop", help="serve: exit once this file exists")
     ap.add_argument("--huge-first", action="store_true",
                     help="read: the tier backs vLLM's region with 2 MiB pages before the first load (loads in place)")
+    ap.add_argument("--cluster", help="the tier's cluster section (JSON)")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -58,7 +60,7 @@ def main() -> None:
         "spec_name": "KVSwarmOffloadingSpec", "spec_module_path": "kvswarm.integrations.vllm",
         "cpu_bytes_to_use": 16 << 20,
         "kvswarm": {"drives": args.drives.split(","), "capacity_per_drive": 32 << 20, "tenant": "tests",
-                    "follow": args.phase == "follow"}})
+                    "follow": args.phase == "follow"} | ({"cluster": json.loads(args.cluster)} if args.cluster else {})})
     llm = LLM(model=args.model, enforce_eager=True, block_size=BLOCK, dtype="float32", max_model_len=1024,
               kv_transfer_config=ktc, max_num_seqs=2, kv_cache_memory_bytes=16 << 20, seed=0)
     sp = SamplingParams(max_tokens=6, temperature=0, logprobs=3)
@@ -80,7 +82,11 @@ def main() -> None:
             llm.generate([{"prompt_token_ids": [3 + n % 50]}], filler, use_tqdm=False)
             n += 1
         tier.drain_jobs()
+        if tier.cluster is not None:
+            tier.cluster.pool.drain(30)  # publications land in the cluster
         report["objects_after_write"] = len(tier.store)
+    if tier.cluster is not None:
+        report["cluster"] = dict(tier.cluster.pool.counters)
     if args.phase == "serve":  # report, then stay up (store open, nothing checkpointed) until told to stop
         with open(args.out + ".tmp", "w") as f:
             json.dump(report, f)
@@ -94,8 +100,11 @@ def main() -> None:
         before = dict(tier.store.counters)
         report["second"] = generate(llm, prompt, sp)
         report["second_store_hits"] = tier.store.counters["hits"] - before["hits"]
+    tier.drain_jobs()  # promotions from the cluster
     report["counters"] = dict(tier.store.counters)
     report["objects_after"] = len(tier.store)
+    if tier.cluster is not None:
+        report["cluster"] = dict(tier.cluster.pool.counters)
     with open(args.out, "w") as f:
         json.dump(report, f)
 

@@ -21,6 +21,12 @@ page is deleted and reported missing, so SGLang recomputes it.  Each TP/PP rank 
 opens its own store, in a ``<model>/rank<tp>-pp<pp>...`` directory on every drive; but MLA models' KV is the
 same on every TP rank and SGLang backs it up from one writer rank, so their ranks share that rank's
 store (the others follow it read-only: ``StoreConfig.follow``).
+
+With a ``"cluster": {...}`` section (a :class:`~kvswarm.cluster.ClusterConfig`, docs/cluster.md) the
+backend also reads what servers on other nodes published to the cluster's Mooncake Store: a page its
+drives lack counts in ``batch_exists`` when the cluster holds it, is fetched (its frame verified) into
+the host pool on a read and written to this rank's drives; the pages it writes are published
+(``publish``: ``all`` or ``none``).
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvswarm.buffers import BufferPoolExhausted
-from kvswarm.errors import FlushError, KVSwarmError
+from kvswarm.cluster.config import ClusterConfig
+from kvswarm.cluster.pool import ClusterPool
+from kvswarm.errors import ClusterError, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.layout import KVLayout
@@ -180,6 +188,14 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.mem_pool_host = None
         self._orders: dict[int, np.ndarray | None] = {}  # per host pool (by id), see flat_order
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
+        self.cluster: ClusterPool | None = None
+        self._publish = False
+        if extra.get("cluster") is not None:
+            cfg = ClusterConfig.from_dict(extra["cluster"])
+            if cfg.publish not in ("all", "none"):
+                raise ClusterError(f"the SGLang backend's cluster publication is 'all' or 'none', not {cfg.publish!r}")
+            self.cluster = ClusterPool(cfg)
+            self._publish = cfg.publish == "all" and self.writer
         first = self._store(PoolName.KV)
         log.info("kvswarm HiCache backend: %d drives, %s%s store, %d pages", len(self.drives),
                  "MLA ranks' shared" if self.replicated else "this rank's",
@@ -314,10 +330,11 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         the largest ``into`` buffer, else by ``page_bytes`` (0: unknown)."""
         ok = [False] * len(keys)
         store = self._store(pool)
-        if store is None:
-            return ok
         if into is not None:
             page_bytes = max((_nbytes(t) for t in into if t is not None), default=page_bytes)
+        if store is None:
+            self._from_cluster(pool, keys, list(range(len(keys))), into, sink, ok, page_bytes)
+            return ok
 
         def submit(a: int, b: int):
             return store.submit_get(keys[a:b], None if into is None else into[a:b])
@@ -333,12 +350,44 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                         ok[i] = True
 
         self._batches(store, len(keys), page_bytes, self.read_split, submit, finish)
+        self._from_cluster(pool, keys, [i for i, hit in enumerate(ok) if not hit], into, sink, ok, page_bytes)
         return ok
 
-    def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads, page_bytes: int) -> list[bool]:
+    def _from_cluster(self, pool: str | PoolName, keys: Sequence[bytes], idx: list[int],
+                      into: Sequence[Any] | None, sink, ok: list[bool], page_bytes: int) -> None:
+        """Fetch pages ``idx`` (the drives' misses) from the cluster into their targets, as ``_read`` places
+        its hits, and write those fetched to this rank's drives (not published again)."""
+        if self.cluster is None or not idx:
+            return
+        if not page_bytes and self.mem_pool_host is not None:
+            page_bytes = _nbytes(self.mem_pool_host.get_dummy_flat_data_page())
+        if not page_bytes:
+            return
+        result = self.cluster.fetch([key_digest(keys[i]) for i in idx], page_bytes)
+        try:
+            got: list[tuple[int, memoryview]] = []
+            for i, view in zip(idx, result.views):
+                if view is None:  # absent, unreachable or corrupt: recomputed
+                    continue
+                target = None if into is None else into[i]
+                if target is None:
+                    placed = sink is not None and sink(i, view) is not False
+                else:
+                    placed = _place(target, view)
+                if placed:
+                    ok[i] = True
+                    got.append((i, view))
+            if got:
+                self._write(pool, [keys[i] for i, _ in got], lambda j: got[j][1], page_bytes, publish=False)
+        finally:
+            result.release()
+
+    def _write(self, pool: str | PoolName, keys: Sequence[bytes], payloads, page_bytes: int,
+               publish: bool = True) -> list[bool]:
         """Write ``payloads(i)`` (at most ``page_bytes`` each) for keys not stored yet; durable before
-        returning when ``durable``.  A follower writes nothing (SGLang backs MLA's KV up from its
-        writer rank only; a server configured to follow has no store of its own)."""
+        returning when ``durable``; then published to the cluster (with ``publish``, if it publishes).
+        A follower writes nothing (SGLang backs MLA's KV up from its writer rank only; a server
+        configured to follow has no store of its own)."""
         store = self._store(pool)
         if store is None or store.config.follow:
             return [False] * len(keys)
@@ -358,6 +407,10 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             self._batches(store, len(todo), page_bytes, len(todo), submit, finish)
             if self.durable and any(ok[i] for i in todo):
                 self._make_durable(store, keys, todo, ok)
+            if publish and self._publish:
+                pub = [i for i in todo if ok[i]]
+                if pub:  # copied into frames before this returns
+                    self.cluster.submit_publish([key_digest(keys[i]) for i in pub], [_flat(payloads(i)) for i in pub])
         return ok
 
     @staticmethod
@@ -415,13 +468,22 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        store = self._store(PoolName.KV)
-        if store is None:
-            return 0
-        for i, k in enumerate(keys):
-            if not store.contains(self._key(k)):
-                return i
-        return len(keys)
+        have = self._held(PoolName.KV, [self._key(k) for k in keys])
+        return next((i for i, h in enumerate(have) if not h), len(keys))
+
+    def _held(self, pool: str | PoolName, keys: Sequence[bytes]) -> list[bool]:
+        """Which of ``keys`` (a prefix is what counts) this rank's drives hold, or else the cluster: one index
+        query for the pages past the drives' prefix."""
+        store = self._store(pool)
+        have = [False] * len(keys)
+        n = 0
+        if store is not None:
+            while n < len(keys) and store.contains(keys[n]):
+                have[n] = True
+                n += 1
+        if self.cluster is not None and n < len(keys):
+            have[n:] = self.cluster.contains([key_digest(k) for k in keys[n:]])
+        return have
 
     # ---- pages of a host pool: zero-copy runs where the pool has them, else flat pages ------
     def _flat_order(self, pool) -> np.ndarray | None:
@@ -504,8 +566,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         hits: dict[str, int] = {PoolName.KV: kv} if kv else {}
         restorable = set(range(1, kv + 1))
         for t in pool_transfers or []:
-            store = self._store(t.name)
-            have = [store is not None and store.contains(self._key(keys[i], t.name)) for i in range(kv)]
+            have = self._held(t.name, [self._key(keys[i], t.name) for i in range(kv)])
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
                 edge = next((i for i, h in enumerate(have) if not h), kv)
                 pool_ok = set(range(1, edge + 1))
@@ -560,12 +621,37 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return None
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()  # publications in flight land first (bounded)
+            self.cluster = None
         for store in self._stores.values():
             store.close()  # a closed store's close returns at once
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
+
+
+def _flat(page: np.ndarray | memoryview | Runs):
+    """A page's bytes as one buffer (its runs gathered)."""
+    if isinstance(page, Runs):
+        return b"".join(page.base[o:o + n] for o, n in zip(page.off.tolist(), page.lens.tolist()))
+    return memoryview(page).cast("B")
+
+
+def _place(target: np.ndarray | Runs, view: memoryview) -> bool:
+    """Copy a page fetched from the cluster into its target buffer, or scatter it over its runs; False
+    when the sizes differ."""
+    if _nbytes(target) != len(view):
+        return False
+    if isinstance(target, Runs):
+        at = 0
+        for o, n in zip(target.off.tolist(), target.lens.tolist()):
+            target.base[o:o + n] = view[at:at + n]
+            at += n
+    else:
+        memoryview(target).cast("B")[:] = view
+    return True
 
 
 def _nbytes(page: torch.Tensor | np.ndarray | Runs) -> int:

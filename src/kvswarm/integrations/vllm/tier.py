@@ -18,6 +18,11 @@ With ``follow: true`` the tier reads another engine's store without writing to i
 instance reading what a prefill instance stores, on the same drives): its driver thread takes
 in the writer's flushes every ``refresh_interval`` seconds, and it reports every store job as
 not stored.
+
+With a ``cluster`` section (:mod:`~kvswarm.integrations.vllm.cluster`) the tier also reads what
+engines on other nodes published: a chunk its drives lack is looked up in the cluster (RETRY until the
+index answers), fetched and verified into vLLM's chunk, and written to this tier's drives; the chunks
+it stores are published; its durable chunks are re-published when the cluster's master lost them.
 """
 
 from __future__ import annotations
@@ -47,13 +52,15 @@ from kvswarm.buffers import collapse_shared_file
 from kvswarm.errors import FlushError
 from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
+from kvswarm.integrations.vllm.cluster import ClusterLink
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
+from kvswarm.cluster.pool import FetchHandle
 from kvswarm.tiers.eviction import make_eviction
 
 # Enum members as module constants: ``LookupResult.HIT`` costs a class-attribute lookup (~0.1 us)
 # in a method the scheduler calls for every block of every request.
-_HIT, _MISS = LookupResult.HIT, LookupResult.MISS
+_HIT, _MISS, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -187,10 +194,17 @@ class _Job:
     written: set[bytes] = field(default_factory=set)  # puts: keys this job wrote
     flush_failures: int = 0  # the tier's failed flushes when this job first wrote
     t_done: float = 0.0
+    local: int = -1  # keys read from the drives (the first ones; the rest come from the cluster)
+    fetch: tuple[list[int], FetchHandle] | None = None  # the cluster's part of a load: key indices, handle
+    internal: bool = False  # the tier's own store (a promotion from the cluster): not reported to vLLM
+
+    def __post_init__(self) -> None:
+        if self.local < 0:
+            self.local = len(self.keys)
 
     @property
     def done(self) -> bool:
-        return self.pos == len(self.keys) and not self.batches
+        return self.pos == self.local and not self.batches and self.fetch is None
 
 
 class KVSwarmTierManager(SecondaryTierManager):
@@ -198,7 +212,10 @@ class KVSwarmTierManager(SecondaryTierManager):
 
         {"type": "KVSwarmTierManager", "module_path": "kvswarm.integrations.vllm.tier",
          "drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736,
-         "tenant": "team-a"}
+         "tenant": "team-a",
+         "cluster": {"master": "10.0.0.1:50051", "local_hostname": "10.0.0.7", "publish": "all"}}
+
+    ``cluster`` (optional) is a :class:`~kvswarm.cluster.ClusterConfig` section (docs/cluster.md).
     """
 
     medium: ClassVar[Medium] = Medium.STORAGE
@@ -210,7 +227,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
-                 refresh_interval: float = 0.05, huge_pages: bool = True,
+                 refresh_interval: float = 0.05, huge_pages: bool = True, cluster: dict | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
@@ -262,6 +279,16 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
+        self.cluster: ClusterLink | None = None
+        if cluster is not None:
+            try:
+                self.cluster = ClusterLink(cluster, self._digest, tier_type)
+            except BaseException:
+                self.store.close()
+                raise
+        self._cluster_missed: deque[OffloadKey] = deque()  # fetches that failed: lookups now miss them
+        self._republish: list[bytes] = []  # durable chunks still to re-publish (driver thread)
+        self._republishing: list[tuple[object, int]] = []  # their publications in flight, and sizes
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -276,9 +303,23 @@ class KVSwarmTierManager(SecondaryTierManager):
         # restart (inlined: the scheduler looks up every block of every new request).
         sk = self._prefix + key
         if KEY_DIGEST(sk) not in self._catalog:
-            return _MISS
+            if self.cluster is None:
+                return _MISS
+            found = self.cluster.lookups.lookup(key, req_context)  # None: asked, not answered yet
+            return _RETRY if found is None else _HIT if found else _MISS
         self._seen.append(sk)  # recency is the driver's business: the scheduler thread only queues
         return _HIT
+
+    def _digest(self, key: OffloadKey) -> bytes:
+        return KEY_DIGEST(self._prefix + key)
+
+    def on_schedule_end(self, context) -> None:
+        if self.cluster is not None:
+            self.cluster.lookups.flush()  # this step's cluster lookups, as one index query
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        if self.cluster is not None:
+            self.cluster.lookups.cleanup(req_context.req_id)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._enqueue(job_metadata, load=False)
@@ -287,6 +328,12 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._enqueue(job_metadata, load=True)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
+        if self._cluster_missed and self.cluster is not None:  # on the scheduler thread, which owns the lookups' verdicts
+            missed = []
+            with contextlib.suppress(IndexError):
+                while True:
+                    missed.append(self._cluster_missed.popleft())
+            self.cluster.lookups.mark_miss(missed)
         out = []
         while True:
             try:
@@ -317,6 +364,9 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._driver.join()
         if self._huge is not None:
             self._huge.join()  # it maps the region's file: done before vLLM may close it
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
         self.store.close()  # once only: a closed store's close returns at once
         self._flat.release()  # else vLLM cannot unmap its primary region
 
@@ -371,9 +421,12 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _step(self, active: list[_Job], unflushed: list[_Job]) -> bool:
         """One turn of the driver loop; False once shutdown is asked for."""
+        cluster = self.cluster
         try:
-            block = not active
+            block = not active and not self._republish and not self._republishing
             wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
+            if cluster is not None:  # an idle node still re-publishes when the master asks
+                wake = min(wake or 1e9, cluster.pool.config.check_interval_s)
             while len(active) < self._max_inflight:
                 item = self._queue.get(block=block, timeout=wake if block else None)
                 block = False
@@ -382,6 +435,8 @@ class KVSwarmTierManager(SecondaryTierManager):
                 item.ok = [False] * len(item.keys)
                 active.append(item)
                 if item.load:
+                    if cluster is not None:
+                        self._start_fetch(item)
                     self.start_huge_pages()
         except queue.Empty:
             pass
@@ -418,6 +473,15 @@ class KVSwarmTierManager(SecondaryTierManager):
                         if not j.load:
                             self._put_failed(b[3])
                 progressed = True
+        if cluster is not None:
+            spawned: list[_Job] = []
+            for j in active:
+                if j.fetch is not None and j.fetch[1].done:
+                    self._complete_fetch(j, spawned)
+                    progressed = True
+            active.extend(spawned)
+            if not self.follow and not any(j.load for j in active):
+                self._republish_step()  # between loads, which a request waits for
         self._drop_unreadable()  # before any job is reported: a drive may have failed in its I/O
         finished = [j for j in active if j.done]
         for j in finished:
@@ -442,8 +506,122 @@ class KVSwarmTierManager(SecondaryTierManager):
                 self._finish(j)
             unflushed.clear()
         elif not finished and not progressed:
-            self.store.progress(0.001)  # the next I/O back, or else the next batch verified
+            if any(j.fetch is not None for j in active) and not any(j.batches for j in active):
+                cluster.pool.progress(0.001)  # only the cluster's transfers are in flight
+            else:
+                self.store.progress(0.001)  # the next I/O back, or else the next batch verified
         return True
+
+    # ---- the cluster level (driver thread) ----------------------------------------------
+    def _start_fetch(self, j: _Job) -> None:
+        """Move a load's keys that the drives lack to its end and start fetching them from the cluster."""
+        catalog = self._catalog
+        local = [i for i, k in enumerate(j.keys) if KEY_DIGEST(self._prefix + k) in catalog]
+        if len(local) == len(j.keys):
+            return
+        held = set(local)
+        order = local + [i for i in range(len(j.keys)) if i not in held]
+        j.keys, j.offsets = [j.keys[i] for i in order], [j.offsets[i] for i in order]
+        j.local = len(local)
+        far = list(range(j.local, len(j.keys)))
+        try:
+            handle = self.cluster.pool.submit_fetch([self._digest(j.keys[i]) for i in far], self.block_size_bytes)
+        except Exception:  # a closed pool: these keys fail, vLLM recomputes them
+            log.exception("kvswarm tier: job %d: cluster fetch failed to submit", j.job.job_id)
+            self._cluster_missed.extend(j.keys[i] for i in far)
+            return
+        j.fetch = (far, handle)
+
+    def _complete_fetch(self, j: _Job, spawned: list[_Job]) -> None:
+        """Copy a load's verified cluster chunks into vLLM's chunks, and write them to the drives."""
+        far, handle = j.fetch
+        j.fetch = None
+        bs = self.block_size_bytes
+        got: list[int] = []
+        try:
+            result = handle.wait()
+        except Exception:
+            log.exception("kvswarm tier: job %d: cluster fetch failed", j.job.job_id)
+            self._cluster_missed.extend(j.keys[i] for i in far)
+            return
+        try:
+            for i, view in zip(far, result.views):
+                if view is None or len(view) != bs:  # absent, unreachable or corrupt: recomputed
+                    self._cluster_missed.append(j.keys[i])
+                    continue
+                self._flat[j.offsets[i]:j.offsets[i] + bs] = view
+                j.ok[i] = True
+                got.append(i)
+        finally:
+            result.release()
+        if got and not self.follow:
+            self._promote(j, got, spawned)
+
+    def _promote(self, j: _Job, got: list[int], spawned: list[_Job]) -> None:
+        """Write fetched chunks to the drives, from vLLM's chunks while the load still holds them (the
+        put copies them before it returns): as many as one batch of the buffer pool takes now."""
+        n = self.store.batch_len(len(got), self._chunk_extent_bytes, self.max_batch_bytes)
+        if not n:
+            return
+        p = _Job(j.job, False, [j.keys[i] for i in got[:n]], [j.offsets[i] for i in got[:n]], internal=True)
+        p.ok = [False] * n
+        try:
+            handle, put = self._submit_put(p, 0, n)
+        except Exception:  # a full pool: the chunks stay in the cluster only
+            log.exception("kvswarm tier: promotion of %d cluster chunks failed to submit", n)
+            return
+        p.pos = n
+        if handle is not None:
+            p.batches.append((0, n, handle, put))
+        with self._idle:
+            self._pending += 1
+        spawned.append(p)
+
+    def _publish(self, keys: list[bytes], views: list[memoryview]) -> None:
+        """Publish chunks just stored (copied into frames before this returns)."""
+        try:
+            self.cluster.pool.submit_publish([KEY_DIGEST(k) for k in keys], views)
+        except Exception:  # a closed pool: the chunks stay on this node's drives
+            log.exception("kvswarm tier: publication of %d chunks failed", len(keys))
+
+    def _republish_step(self) -> None:
+        """Re-publish one batch of the node's durable chunks when the cluster lost them (read back
+        verified); once all are out and landed, mark the node indexed."""
+        link = self.cluster
+        if not self._republish and not self._republishing:
+            if not link.republish_wanted():
+                return
+            self._republish = list(self._catalog)  # a snapshot of the chunks on the drives now
+            if not self._republish:
+                link.republished(True)
+                return
+        if self._republish:
+            n = self.store.batch_len(min(len(self._republish), link.pool.config.republish_batch),
+                                     self._chunk_extent_bytes, self.max_batch_bytes)
+            if not n:
+                return
+            batch, self._republish = self._republish[:n], self._republish[n:]
+            try:
+                result = self.store.submit_get_digests(batch).wait()
+            except Exception:  # deleted meanwhile, or a full pool: the next re-publication has them
+                log.exception("kvswarm tier: reading %d chunks to re-publish failed", n)
+                return
+            try:
+                ok = [(d, v) for d, v in zip(batch, result.views) if v is not None]
+                if ok:
+                    h = link.pool.submit_publish([d for d, _ in ok], [v for _, v in ok])
+                    self._republishing.append((h, len(ok)))
+            finally:
+                result.release()
+            return
+        if not all(h.poll() for h, _ in self._republishing):
+            return
+        sent = sum(n for _, n in self._republishing)
+        landed = sum(h.wait() for h, _ in self._republishing)
+        self._republishing = []
+        link.pool.counters["republished_blocks"] += landed
+        # A master that answers and refused some has no room for them: they stay on the drives.
+        link.republished(landed == sent or link.pool.healthy())
 
     def start_huge_pages(self) -> None:
         """Start backing vLLM's region with 2 MiB pages now, beside the driver (it does at the first load
@@ -485,8 +663,8 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _submit_batches(self, j: _Job, force: bool) -> None:
         """Submit the job's next batches while the buffer pool has room for them."""
-        while j.pos < len(j.keys):
-            n = self.store.batch_len(len(j.keys) - j.pos, self._chunk_extent_bytes, self.max_batch_bytes)
+        while j.pos < j.local:  # a load's other keys come from the cluster
+            n = self.store.batch_len(j.local - j.pos, self._chunk_extent_bytes, self.max_batch_bytes)
             if not n:
                 if not (force and not j.batches):
                     return
@@ -570,6 +748,13 @@ class KVSwarmTierManager(SecondaryTierManager):
                 j.ok[i] = oks[k]
                 if oks[k]:
                     j.written.add(k)
+        if self.cluster is not None and self.cluster.publishes and not j.internal:
+            # vLLM's chunks hold these bytes until the job is reported: published from there
+            bs = self.block_size_bytes
+            pub = [(k, self._flat[j.offsets[i]:j.offsets[i] + bs]) for i, k in zip(range(start, end), keys)
+                   if oks.get(k)]
+            if pub:
+                self._publish([k for k, _ in pub], [v for _, v in pub])
         self._evict([k for k in put if k in self._delete_after_write])
 
     def _put_failed(self, put: list[bytes]) -> None:
@@ -626,6 +811,9 @@ class KVSwarmTierManager(SecondaryTierManager):
             log.exception("kvswarm tier: flush failed")
 
     def _finish(self, j: _Job) -> None:
+        if j.internal:
+            self._report(None, [])
+            return
         ok_keys = [k for k, ok in zip(j.keys, j.ok) if ok]
         success = len(ok_keys) == len(j.keys)
         result = JobResult(j.job.job_id, success, None if success or not j.load else tuple(ok_keys),
@@ -634,8 +822,10 @@ class KVSwarmTierManager(SecondaryTierManager):
         stored = [k for k in j.keys if self.keyspace.key(k) in j.written] if j.written else []
         self._report(result, stored)
 
-    def _report(self, result: JobResult, stored: list[OffloadKey]) -> None:
-        self._finished.put((result, stored))
+    def _report(self, result: JobResult | None, stored: list[OffloadKey]) -> None:
+        """A job is over: its result for vLLM (None: the tier's own job, only counted)."""
+        if result is not None:
+            self._finished.put((result, stored))
         with self._idle:
             self._pending -= 1
             if self._pending == 0:
