@@ -196,10 +196,16 @@ def test_cli_cluster_up_and_status(cluster, tmp_path):
         a = cluster.node(ns, "a")
         a.call("open", drives=drives(tmp_path, "a"), cluster=CFG | join)
         a.call("put", seed=17, n=12)
+        assert a.call("get", seed=18, n=3)["served"] == 0  # never published: 3 index misses
+        a.call("maintain", seconds=0.5)  # its checks publish its counters
         st = subprocess.run([*cli, "status", "--json"], capture_output=True, text=True, env=node_env(), timeout=60)
         s = json.loads(st.stdout)
-        assert s["objects"] >= 12 and len(s["nodes"]) == 1
+        assert s["blocks"] == 12 and s["objects"] >= 12 and len(s["segments"]) == 1
         assert s["allocated_bytes"] >= 12 * (64 << 10)
+        (node,) = s["nodes"].values()  # a's own report
+        assert node["index_misses"] == 3 and node["published_blocks"] == 12 and node["corrupt"] == 0
+        text = subprocess.run([*cli, "status"], capture_output=True, text=True, env=node_env(), timeout=60).stdout
+        assert "12 KV blocks" in text and "1 node(s) reporting" in text
     finally:
         os.killpg(up.pid, signal.SIGINT)
         up.wait(30)

@@ -23,6 +23,7 @@ so a partitioned master costs a request at most that timeout once.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ from kvswarm.errors import ClusterError
 
 log = logging.getLogger(__name__)
 now = time.monotonic
+STATS = "stats"  # object names of the nodes' counters: <prefix>:stats:<node id>
 
 
 class _Arena:
@@ -162,6 +164,7 @@ class ClusterPool:
         self.counters: Counter[str] = Counter()
         self.node_id = uuid.uuid4().hex[:16]
         self._marker = f"{config.prefix}:node:{self.node_id}"
+        self.stats_key = f"{config.prefix}:{STATS}:{self.node_id}"
         self._next_check = 0.0
         self._closed = False
 
@@ -217,8 +220,26 @@ class ClusterPool:
         self._next_check = t + self.config.check_interval_s
         if not self.healthy():
             return False
+        self.report()
         res = self._query(self._mc.is_exist, self._marker)
         return res == 0
+
+    def report(self) -> bool:
+        """Publish this node's counters (JSON, a few hundred bytes, pinned) as ``<prefix>:stats:<node>``:
+        ``kvswarm cluster status`` reads them.  :meth:`index_lost` does it at every check."""
+        body = json.dumps({"node": self.node_id, "host": self.config.local_hostname, "time": time.time(),
+                           "replicas": self.config.replicas, "counters": dict(self.counters)}).encode()
+        return self._query(self._mc.upsert, self.stats_key, body, self._pin) == 0
+
+    def reports(self, keys: Sequence[str]) -> list[dict]:
+        """The nodes' reports under ``keys`` (see :meth:`report`); unreadable ones are left out."""
+        out = []
+        for k in keys:
+            try:
+                out.append(json.loads(bytes(self._query(self._mc.get, k) or b"{}")))
+            except ValueError:
+                continue
+        return [r for r in out if "node" in r]
 
     def mark_indexed(self) -> bool:
         """Record (pinned, in the cluster) that the master indexes this node's blocks now."""
