@@ -52,10 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["threads", "uring"], default="threads")
     p.add_argument("--quick", action="store_true", help="small prompt and few steps (CI)")
     p.add_argument("--json", default=None, help="write the figures (a 'summary' of numbers) to this path")
+    p.add_argument("--cluster", action="store_true",
+                   help="prefill on one node, decode on another (a Mooncake master and two node processes in a "
+                        "private network namespace; --tokens, --dir, --json apply)")
 
 
 def run(args: argparse.Namespace, lm=None) -> int:
     """``lm``: an already loaded model (tests); default: the embedded SmolLM2."""
+    if getattr(args, "cluster", False):
+        from kvswarm.cluster.demo import run as run_cluster
+
+        return run_cluster(args)
     import torch
     from rich.console import Console
 

@@ -5,7 +5,7 @@ backend factory and a real MHA host pool.
 
 ``prefill``: stores 6 pages of a host pool filled from seed 0 (``batch_set_v1``), prints a JSON line
 and stays in the cluster (its DRAM segment holds what it published) until stdin closes.  ``decode``:
-a backend on empty drives asks ``batch_exists`` and ``batch_get_v1`` for the same keys (zero-copy
+a backend on empty drives starts, waits for a line on stdin (the prefill backend is done), then asks ``batch_exists`` and ``batch_get_v1`` for the same keys (zero-copy
 runs into another pool) and the generic ``batch_get`` (flat copies), compares the bytes with the
 seed-0 pages, and prints a JSON line.
 """
@@ -41,6 +41,7 @@ def main(role: str, drive: str, cluster: str) -> None:
         return
     pool = host_pool("page_first", seed=1)  # other bytes everywhere until the pages land
     b = open_backend([drive], pool, cluster=cfg)
+    sys.stdin.readline()
     out = {"local_before": len(b.store), "exists": b.batch_exists(keys + ["never"])}
     dst = pages(pool, 10, N)
     out["get_v1"] = b.batch_get_v1(keys, dst)

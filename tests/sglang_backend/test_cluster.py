@@ -33,12 +33,13 @@ def test_decode_backend_reads_pages_the_prefill_backend_stored(tmp_path):
         ns = c.netns()
         c.master(ns)
         procs.append(pa := node(ns, "prefill", str(tmp_path / "a"), CFG, str(tmp_path / "a.log")))
+        # B starts beside A and asks once A is done
+        procs.append(pb := node(ns, "decode", str(tmp_path / "b"), CFG | {"publish": "none"}, str(tmp_path / "b.log")))
         line = pa.stdout.readline()
         assert line, (tmp_path / "a.log").read_text()[-4000:]
         a = json.loads(line)
         assert a["set"] == [True] * 6 and a["exists"] == 6 and a["counters"]["published_blocks"] == 6
-        procs.append(pb := node(ns, "decode", str(tmp_path / "b"), CFG | {"publish": "none"}, str(tmp_path / "b.log")))
-        out, _ = pb.communicate(timeout=300)
+        out, _ = pb.communicate("go\n", timeout=300)
         assert out.strip(), (tmp_path / "b.log").read_text()[-4000:]
         b = json.loads(out.strip().splitlines()[-1])
         pa.communicate("", timeout=60)

@@ -1,7 +1,7 @@
 """One vLLM engine process with the kvswarm offloading spec; prints a JSON report.
 
     python engine_run.py --model DIR --drives D0,D1 --phase write|read|serve|follow --out FILE [--stop FILE]
-                         [--huge-first] [--cluster JSON]
+                         [--huge-first] [--cluster JSON] [--go FILE]
 
 ``write``: generate a real-text prompt (reference logprobs), wait until its blocks are
 in kvswarm, reset vLLM's prefix cache and its CPU tier, generate again (must be served
@@ -9,6 +9,7 @@ by kvswarm).  ``read``: a fresh process generates the same prompt once.  ``serve
 ``write`` without the second pass, then report and keep the engine (and its store) open
 until ``--stop`` exists.  ``follow``: ``read`` with the tier following the live store.
 ``--cluster``: the tier's ``cluster`` section (its counters are reported under ``"cluster"``).
+``--go``: the engine starts, then waits until this file exists before its first request.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--huge-first", action="store_true",
                     help="read: the tier backs vLLM's region with 2 MiB pages before the first load (loads in place)")
     ap.add_argument("--cluster", help="the tier's cluster section (JSON)")
+    ap.add_argument("--go", help="wait for this file before the first request")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -71,6 +73,9 @@ def main() -> None:
     if args.huge_first:
         tier.start_huge_pages()
         tier.region_ready.wait(120)
+    deadline = time.time() + 900
+    while args.go and not os.path.exists(args.go) and time.time() < deadline:
+        time.sleep(0.1)
     report = {"prompt_tokens": len(ids), "objects_before": len(tier.store), "in_place_at_start": tier.in_place}
     report["first"] = generate(llm, prompt, sp)
     if args.phase in ("write", "serve"):

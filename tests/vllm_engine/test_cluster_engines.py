@@ -9,7 +9,6 @@ import os
 import subprocess
 import time
 
-import pytest
 from cluster_net import Cluster
 from test_engine import BLOCKS, engine_command
 
@@ -17,42 +16,41 @@ CFG = {"master": "127.0.0.1:50051", "segment_bytes": 32 << 20, "buffer_bytes": 1
        "fetch_buffer_bytes": 16 << 20}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from tiny_model import build
+def wait_for(path: str, proc: subprocess.Popen, log) -> dict:
+    deadline = time.monotonic() + 600
+    while not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert os.path.exists(path), log.read_text()[-6000:]
+    with open(path) as f:
+        return json.load(f)
 
-    return build(str(tmp_path_factory.mktemp("tiny-llama")))
 
-
-def test_engine_b_first_request_served_from_what_engine_a_published(model_dir, tmp_path, drive_dirs):
+def test_engine_b_first_request_served_from_what_engine_a_published(model_dir, tmp_path):
     c = Cluster(tmp_path)
-    a = None
+    procs: list[subprocess.Popen] = []
+    stop, go = str(tmp_path / "stop"), str(tmp_path / "go")
     try:
         ns = c.netns()
         c.master(ns)
-        ready, stop = str(tmp_path / "a.json"), str(tmp_path / "stop")
-        cmd, env = engine_command(model_dir, drive_dirs(2), "serve", ready)
-        with open(tmp_path / "a.log", "w") as log:  # A stays up: its DRAM segment holds what it published
-            a = subprocess.Popen([*ns.wrap(), *cmd, "--stop", stop, "--cluster", json.dumps(CFG)], env=env,
-                                 stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while not os.path.exists(ready) and a.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert os.path.exists(ready), (tmp_path / "a.log").read_text()[-6000:]
-        with open(ready) as f:
-            ra = json.load(f)
+        runs = {}
+        for name, phase, cfg in (("a", "serve", CFG), ("b", "read", CFG | {"publish": "none"})):
+            drives = [str(tmp_path / f"{name}{i}") for i in range(2)]
+            for d in drives:
+                os.makedirs(d)
+            out = str(tmp_path / f"{name}.json")
+            cmd, env = engine_command(model_dir, drives, phase, out)
+            extra = ["--stop", stop] if name == "a" else ["--go", go]  # B starts beside A, asks once A is done
+            with open(tmp_path / f"{name}.log", "w") as log:  # A stays up: its segment holds what it published
+                procs.append(subprocess.Popen([*ns.wrap(), *cmd, *extra, "--cluster", json.dumps(cfg)], env=env,
+                                              stdout=log, stderr=subprocess.STDOUT))
+            runs[name] = out
+        a, b = procs
+        ra = wait_for(runs["a"], a, tmp_path / "a.log")
         assert ra["first"]["cached_tokens"] == 0 and ra["objects_after_write"] == BLOCKS
         assert ra["cluster"]["published_blocks"] == BLOCKS
-
-        b_drives = [str(tmp_path / "b0"), str(tmp_path / "b1")]
-        for d in b_drives:
-            os.makedirs(d)
-        out = str(tmp_path / "b.json")
-        cmd, env = engine_command(model_dir, b_drives, "read", out)
-        proc = subprocess.run([*ns.wrap(), *cmd, "--cluster", json.dumps(CFG | {"publish": "none"})], env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-        with open(out) as f:
+        open(go, "w").close()
+        assert b.wait(600) == 0, (tmp_path / "b.log").read_text()[-6000:]
+        with open(runs["b"]) as f:
             rb = json.load(f)
         assert rb["objects_before"] == 0  # B's own drives start empty
         assert rb["cluster"]["fetched_blocks"] == BLOCKS and rb["cluster"].get("corrupt", 0) == 0
@@ -62,10 +60,10 @@ def test_engine_b_first_request_served_from_what_engine_a_published(model_dir, t
         assert rb["objects_after"] == BLOCKS  # promoted into B's own drives
         assert rb["cluster"].get("published_blocks", 0) == 0  # publish: none
     finally:
-        if a is not None:
-            open(stop, "w").close()
+        open(stop, "w").close()
+        for p in procs:
             try:
-                a.wait(timeout=120)
+                p.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                a.kill()
+                p.kill()
         c.cleanup()

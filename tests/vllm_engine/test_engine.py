@@ -41,13 +41,6 @@ def run_engine(model: str, drives: list[str], phase: str, out: str, *extra: str)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from tiny_model import build
-
-    return build(str(tmp_path_factory.mktemp("tiny-llama")))
-
-
-@pytest.fixture(scope="module")
 def written(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("kvswarm-drives")
     drives = [str(root / f"d{i}") for i in range(2)]

@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 
 from kvswarm.bench import write_json
+from kvswarm.cluster import netns
 from kvswarm.cluster.wire import FRAME_BYTES
 
 MiB = 1 << 20
@@ -63,11 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- helpers -------------------------------------------------------------------------------
-def _private_netns() -> bool:
-    """Only loopback here: a network namespace of our own (or one as closed)."""
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
-
 def _argv(args) -> list[str]:
     out = ["bench", "cluster", "--prefix-tokens", str(args.prefix_tokens), "--dram-mib", str(args.dram_mib),
            "--restart-blocks", str(args.restart_blocks), "--threads", str(args.threads)]
@@ -454,9 +449,8 @@ def run(args: argparse.Namespace) -> int:
     if args.role:
         ROLES[args.role](json.loads(args.spec))
         return 0
-    if not _private_netns():  # every process of the run goes into a network namespace of its own
-        return subprocess.run(["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-                               sys.executable, "-m", "kvswarm.cli", *_argv(args)]).returncode
+    if not netns.private():  # every process of the run goes into a network namespace of its own
+        return netns.rerun_private(_argv(args))
     from kvswarm.cluster.master import MasterProcess
 
     os.environ.setdefault("GLOG_minloglevel", "2")

@@ -193,7 +193,10 @@ class ClusterPool:
                 self.counters["lookups_skipped"] += 1
                 return None
             self._stuck = None
-        f = self._lookup.submit(fn, *args)
+        try:
+            f = self._lookup.submit(fn, *args)
+        except RuntimeError:  # the pool is closed, or the interpreter is exiting
+            return None
         try:
             return f.result(self.config.rpc_timeout_s)
         except cf.TimeoutError:
