@@ -55,10 +55,12 @@ def test_decode_backend_reads_pages_the_prefill_backend_stored(tmp_path):
 
 
 def test_bad_cluster_section_is_a_clear_error(drive_dirs):
-    from test_backend import host_pool, open_backend
+    from test_backend import storage_config
+
+    from kvswarm.integrations.sglang import KVSwarmHiCacheStorage
 
     drives = drive_dirs(1)
     with pytest.raises(ClusterError, match="unknown cluster option"):
-        open_backend(drives, host_pool("page_first"), cluster={"mastr": "x:1"})
+        KVSwarmHiCacheStorage(storage_config(drives, cluster={"mastr": "x:1"}))
     with pytest.raises(ClusterError, match="'all' or 'none'"):
-        open_backend(drives, host_pool("page_first"), cluster={"publish": "sighted:2"})
+        KVSwarmHiCacheStorage(storage_config(drives, cluster={"publish": "sighted:2"}))

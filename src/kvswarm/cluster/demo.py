@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen] = []
     try:
         with MasterProcess(port=PORT, metrics_port=PORT + 1, log_path=root / "master.log"):
-            print(f"cluster demo: a Mooncake master and two nodes in a private network namespace; files in {root}")
+            print(f"cluster demo: a Mooncake master and two nodes in a private network namespace (files in {root})")
             procs.append(pa := _node("prefill", root, cfg, tokens))
             a = _line(pa, root / "prefill.log")
             print(f"node A (prefill): {a['prompt_tokens']} prompt tokens computed in {a['ttft_s']:.2f} s, "
@@ -75,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
                         "prompt_tokens": b["prompt_tokens"], "reused_tokens": b["reused_tokens"],
                         "ttft_cluster_s": b["ttft_s"], "recompute_s": b["recompute_s"],
                         "first_token_equal": same}}, f, indent=1)
-            return 0 if same and b["reused_tokens"] > 0 else 1
+            ok = same and b["reused_tokens"] > 0
+            if ok and not args.dir:
+                shutil.rmtree(root, ignore_errors=True)  # kept (drives, logs) when something went wrong
+            return 0 if ok else 1
     except ClusterError as e:
         print(f"kvswarm demo --cluster: {e}", file=sys.stderr)
         return 2
