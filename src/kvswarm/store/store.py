@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
@@ -41,17 +40,12 @@ from kvswarm.errors import (
 )
 from kvswarm.format import (
     ALIGN,
-    FLAG_SECTOR_PAYLOAD,
-    HEADER_BODY,
     HEADER_SIZE,
-    HEADER_TAIL,
     KEY_DIGEST,
-    MAGIC,
     PAYLOAD_CHECKSUM,
-    RESERVED,
-    VERSION,
     extent_size,
     key_digest,
+    pack_header,
     payload_offset,
     sector_payload,
 )
@@ -571,7 +565,7 @@ class KVStore:
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset
         lease_arr = np.frombuffer(view, np.uint8)
-        body, tail, h32, h3, write = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM, Op.WRITE
+        header, h3, write = pack_header, PAYLOAD_CHECKSUM, Op.WRITE
         place = self.placement.place
         staged: list[tuple[bytes, Entry, int]] = []
         reqs: list[IORequest] = []
@@ -607,9 +601,7 @@ class KVStore:
                     if pad := ext_len - p - c:
                         mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
                     csum = h3(chunk)
-                    h = body(MAGIC, VERSION, FLAG_SECTOR_PAYLOAD if p > HEADER_SIZE else 0, digest, n, part, parts,
-                             gen, csum, RESERVED)
-                    mm[a:a + HEADER_SIZE] = h + tail(h32(h))
+                    mm[a:a + HEADER_SIZE] = header(digest, n, part, parts, gen, csum, p > HEADER_SIZE)
                     drv = targets[part]
                     off = allocs[drv].alloc(ext_len)
                     if off is None:  # the chosen drive is full: spill (or make deferred frees durable)

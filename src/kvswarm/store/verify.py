@@ -16,17 +16,7 @@ import numpy as np
 
 from kvswarm.buffers import Lease
 from kvswarm.catalog import ExtentTable
-from kvswarm.format import (
-    ALIGN,
-    FLAG_SECTOR_PAYLOAD,
-    HEADER_BODY,
-    HEADER_BODY_DTYPE,
-    HEADER_SIZE,
-    MAGIC,
-    PAYLOAD_CHECKSUM,
-    VERSION,
-    sector_payload,
-)
+from kvswarm.format import ALIGN, HEADER_COLUMNS, HEADER_SIZE, PAYLOAD_CHECKSUM, expected_headers, sector_payload
 from kvswarm.store.runs import Bufs, part_of, sized
 
 try:  # the native verify-and-copy worker (kvswarm/native/verify.c), where the build compiled it
@@ -39,7 +29,6 @@ except ImportError:
     verify_submit = None
 
 VERIFY_JOB_BYTES = 4 << 20  # payload bytes per native verify job (see check_batch)
-_HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 
 
 @dataclass(slots=True)
@@ -120,26 +109,21 @@ def check_batch(pool: np.ndarray, ext: ExtentTable, reads: Reads, results: Seque
     k, starts, pp, direct = len(ext.length), reads.starts, ext.part_payload, reads.direct
     io_ok = np.array(results, np.int64) == (ext.length if direct is None else np.where(direct, pp, ext.length))
     sector = sector_payload(pp)
-    want = np.zeros(k, HEADER_BODY_DTYPE)
-    want["magic"], want["version"] = MAGIC, VERSION
-    want["flags"] = sector * FLAG_SECTOR_PAYLOAD
     single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
     rows = ext.rows if single else ext.rows[ext.obj]
-    want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
-        rows["generation"]
-    want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
+    hdr = expected_headers(rows["digest"], rows["payload_len"], ext.part, ext.parts, rows["generation"], ext.csum,
+                           sector)
     at = (lease.offset if lease is not None else 0) + starts
-    hdr = want.view(np.uint8).reshape(k, HEADER_BODY.size)
     poff = np.where(sector, ALIGN, HEADER_SIZE)
     payload_at = at + poff
     if direct is None:
-        ok = io_ok & (pool[at[:, None] + _HEADER_COLS] == hdr).all(1)
+        ok = io_ok & (pool[at[:, None] + HEADER_COLUMNS] == hdr).all(1)
         lv = lease.view
         payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
     else:  # a payload read in place came without its header: the catalog's checksum alone vouches for it
         ok = io_ok.copy()
         pooled = np.flatnonzero(~direct)
-        ok[pooled] &= (pool[at[pooled][:, None] + _HEADER_COLS] == hdr[pooled]).all(1)
+        ok[pooled] &= (pool[at[pooled][:, None] + HEADER_COLUMNS] == hdr[pooled]).all(1)
         lv, obj = lease.view if lease is not None else None, ext.obj.tolist()
         payloads = [reads.into[obj[i]] if d else lv[a:a + m]
                     for i, (a, m, d) in enumerate(zip((starts + poff).tolist(), pp.tolist(), direct.tolist()))]
