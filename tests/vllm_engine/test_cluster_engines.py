@@ -1,16 +1,20 @@
 """Two real vLLM CPU engines, two processes, each with its own kvswarm drives, sharing one Mooncake
 master inside a network namespace of the test's own: engine B's first request for a prompt that
-engine A prefilled is served from the cluster, with the logprobs of A's from-scratch prefill."""
+engine A prefilled is served from the cluster, with the logprobs of A's from-scratch prefill.  And a
+tier re-publishes its chunks after the master restarted."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import time
 
-from cluster_net import Cluster
+from cluster_net import Cluster, node_env
 from test_engine import BLOCKS, engine_command
+
+HERE = os.path.dirname(__file__)
 
 CFG = {"master": "127.0.0.1:50051", "segment_bytes": 32 << 20, "buffer_bytes": 16 << 20,
        "fetch_buffer_bytes": 16 << 20}
@@ -66,4 +70,34 @@ def test_engine_b_first_request_served_from_what_engine_a_published(model_dir, t
                 p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 p.kill()
+        c.cleanup()
+
+
+def test_tier_republishes_its_chunks_after_a_master_restart(tmp_path):
+    """The master restarted (its index is empty): the tier finds its marker gone and re-publishes the
+    chunks on its drives."""
+    c = Cluster(tmp_path)
+    p = None
+    try:
+        ns = c.netns()
+        m = c.master(ns)
+        (tmp_path / "d").mkdir()
+        cfg = CFG | {"check_interval_s": 0.2}
+        p = subprocess.Popen([*ns.wrap(), sys.executable, os.path.join(HERE, "cluster_tier.py"), str(tmp_path / "d"),
+                              json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=open(tmp_path / "tier.log", "w"), text=True, env=node_env())
+        line = p.stdout.readline()
+        assert line, (tmp_path / "tier.log").read_text()[-4000:]
+        assert json.loads(line) == {"stored": True, "published": 8, "indexed": 8}
+        m.stop(kill=True)
+        m.start()
+        p.stdin.write("restarted\n")
+        p.stdin.flush()
+        after = json.loads(p.stdout.readline())
+        assert after["indexed"] == 8 and after["republished"] >= 8, after
+        p.stdin.close()
+        assert p.wait(60) == 0
+    finally:
+        if p is not None and p.poll() is None:
+            p.kill()
         c.cleanup()
