@@ -468,21 +468,24 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        have = self._held(PoolName.KV, [self._key(k) for k in keys])
-        return next((i for i, h in enumerate(have) if not h), len(keys))
-
-    def _held(self, pool: str | PoolName, keys: Sequence[bytes]) -> list[bool]:
-        """Which of ``keys`` (a prefix is what counts) this rank's drives hold, or else the cluster: one index
-        query for the pages past the drives' prefix."""
-        store = self._store(pool)
-        have = [False] * len(keys)
+        store = self._store(PoolName.KV)
         n = 0
         if store is not None:
-            while n < len(keys) and store.contains(keys[n]):
-                have[n] = True
+            while n < len(keys) and store.contains(self._key(keys[n])):
                 n += 1
-        if self.cluster is not None and n < len(keys):
-            have[n:] = self.cluster.contains([key_digest(k) for k in keys[n:]])
+        if self.cluster is not None and n < len(keys):  # the pages past the drives' prefix
+            held = self.cluster.contains([key_digest(self._key(k)) for k in keys[n:]])
+            n += next((i for i, h in enumerate(held) if not h), len(held))
+        return n
+
+    def _held(self, pool: str | PoolName, keys: Sequence[bytes]) -> list[bool]:
+        """Which of ``keys`` this rank's drives hold, or else the cluster (one index query for the others)."""
+        store = self._store(pool)
+        have = [store is not None and store.contains(k) for k in keys]
+        far = [i for i, h in enumerate(have) if not h]
+        if self.cluster is not None and far:
+            for i, h in zip(far, self.cluster.contains([key_digest(keys[i]) for i in far])):
+                have[i] = h
         return have
 
     # ---- pages of a host pool: zero-copy runs where the pool has them, else flat pages ------
