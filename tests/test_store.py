@@ -25,13 +25,18 @@ def backend(request):
     return request.param
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
+@pytest.fixture(autouse=True, params=["batch", "native", "python"])
 def verifier(request, monkeypatch):
-    """Every test runs with the native verify worker and with the pure-Python checks (a build
-    without a C compiler); the native one must have been built."""
+    """Every test runs on the native batch path (kvswarm._batchio: I/O, checks and copies in C), with the
+    Python engine and the native verify worker, and with the pure-Python checks (a build without a C
+    compiler); the native modules must have been built."""
     import kvswarm.store
+    from kvswarm.io import native
 
     assert kvswarm.store.verify_submit is not None, "kvswarm._verify was not built"
+    assert native.available(), "kvswarm._batchio was not built, or io_uring is refused"
+    if request.param != "batch":
+        monkeypatch.setenv(native.ENV, "0")
     if request.param == "python":
         monkeypatch.setattr(kvswarm.store, "verify_submit", None)
     return request.param
@@ -310,7 +315,8 @@ def test_reads_in_place_land_straight_in_the_callers_buffers(backend, overwrite,
     straight there with O_DIRECT (no pool space, the payload alone: one read per object), verified in
     place; the others (packed, several extents, an unaligned buffer) go through the pool as before.
     A corrupt payload or a stale checksum is still a counted miss.  Without the native worker every
-    read goes through the pool."""
+    read goes through the pool (in_place batches take the Python engine, also where the native batch
+    path is on)."""
     paths = drive_dirs(2)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         sizes = {b"a": 16384, b"b": 8192, b"rot": 8192, b"packed": 6000, b"multi": 150_000, b"unaligned": 8192}
@@ -323,7 +329,7 @@ def test_reads_in_place_land_straight_in_the_callers_buffers(backend, overwrite,
         keys = [*sizes, b"absent"]
         pool_before = s.pool.in_use
         h = s.submit_get(keys, into=[bufs.get(k) for k in keys], in_place=True)
-        direct = 3 if verifier == "native" else 0  # a, b and rot
+        direct = 3 if verifier != "python" else 0  # a, b and rot
         # Pool space for the others only: the packed object, the unaligned one and the extents of multi.
         others = extent_size(6000) + extent_size(8192) + sum(e[2] for e in s.catalog.get(_digest(b"multi")).extents)
         assert s.pool.in_use - pool_before == others + (0 if direct else 2 * extent_size(8192) + extent_size(16384))
@@ -833,6 +839,11 @@ def _pool_sized_for_one_batch(paths, backend):
     return s
 
 
+def _reads_io(s):
+    """What a store's reads go through: the native batch ring, or the Python engine."""
+    return s.native if s.native is not None else s.engine
+
+
 def _all_read_back(s) -> bool:
     with s.get_many(KEYS8) as r:
         return all(v is not None and bytes(v) == _payload(k, 100_000) for k, v in zip(KEYS8, r.views))
@@ -843,12 +854,15 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, st
     """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
     that batch's buffers for good: they go back once none of its reads can still land there."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
-        obj, name = {"engine": (s.engine, "wait"), "verify": (s, "_check_get"), "finish": (s, "_finish_get")}[stage]
+        io = _reads_io(s)
+        # On the native path verification runs inside the ring's reaping (poll).
+        verify = (s, "_check_get") if s.native is None else (io, "poll")
+        obj, name = {"engine": (io, "wait"), "verify": verify, "finish": (s, "_finish_get")}[stage]
         _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
         h = s.submit_get(KEYS8)
         with pytest.raises(OSError, match="injected"):
             h.wait()
-        assert s.pool.in_use == 0 and not s.engine.inflight()  # the reads were waited out, then let go
+        assert s.pool.in_use == 0 and not io.inflight()  # the reads were waited out, then let go
         assert h.done
         with pytest.raises(KVSwarmError, match="failed"):
             h.wait()  # no result from buffers that went back
@@ -861,7 +875,8 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
     may still land there), counted, until its completions come in."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         broken = [True]
-        poll, wait = s.engine.poll, s.engine.wait
+        io = _reads_io(s)
+        poll, wait = io.poll, io.wait
 
         def broken_poll(timeout=0.0):
             if broken[0]:
@@ -873,8 +888,8 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
                 raise OSError(5, "engine broken")
             return wait(batch)
 
-        monkeypatch.setattr(s.engine, "poll", broken_poll)
-        monkeypatch.setattr(s.engine, "wait", broken_wait)
+        monkeypatch.setattr(io, "poll", broken_poll)
+        monkeypatch.setattr(io, "wait", broken_wait)
         h = s.submit_get(KEYS8)
         with pytest.raises(OSError, match="broken"):
             h.wait()

@@ -41,6 +41,13 @@ class DriveStats:
         self._pending_lat[op].append(latency)
         self.fold_if_long()
 
+    def record_many(self, op: int, nbytes: int, latencies: np.ndarray) -> None:
+        """A batch's completed I/Os of ``op`` at once: ``nbytes`` in all, one latency (s) each."""
+        self.ops[op] += len(latencies)
+        self.bytes[op] += nbytes
+        self._pending_lat[op].extend(latencies.tolist())
+        self.fold_if_long()
+
     def fold_if_long(self) -> None:
         """Bound the memory of unread latencies (a long run that nobody scrapes)."""
         if len(self._pending_lat[READ]) >= FOLD_EVERY or len(self._pending_lat[WRITE]) >= FOLD_EVERY:

@@ -58,6 +58,7 @@ from kvswarm.format import (
     sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
+from kvswarm.io import native as native_io
 from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, PlacementStrategy, make_placement
@@ -100,6 +101,11 @@ class StoreConfig:
     # The store's I/O is driven from one thread only (a driver thread, a benchmark loop): lets the
     # io_uring engine leave completions until that thread next enters the kernel (less CPU).
     single_thread_io: bool = False
+    # Reads as whole batches on the native io_uring path (kvswarm.io.native: submission, header and
+    # checksum checks and copies in C), where it is built and the kernel allows it; False, or
+    # KVSWARM_NATIVE_IO=0 in the environment, keeps them on the Python engine.  Not with wrap_engine
+    # (a user-space drive model paces the Python engine's requests).
+    native_io: bool = True
     # Read another process's store (its one writer keeps it): nothing is written, not even the
     # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
     follow: bool = False
@@ -280,6 +286,63 @@ class GetHandle(_Handle):
         # may run while this thread holds the pool's allocator lock.
         if self._result is None and self._lease is not None:
             self._store._abandoned.append(self._remains())
+
+
+class NativeGetHandle:
+    """A batched read on the native path (KVStore._submit_get_native): its I/O, header and checksum
+    checks and copies into the caller's buffers all run in kvswarm._batchio; ``wait()`` turns the
+    per-extent verdicts into the :class:`GetResult`, as :class:`GetHandle` does."""
+
+    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
+                 batch: native_io.NativeBatch | None, lease: Lease | None, payload_at: np.ndarray,
+                 dst: list[Bufs | None] | None) -> None:
+        self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
+        self._batch, self._lease, self._at, self._dst = batch, lease, payload_at, dst
+        self._result: GetResult | None = None
+        self._failed = False
+
+    @property
+    def done(self) -> bool:
+        return self._failed or self._batch is None or self._batch.done
+
+    def poll(self) -> bool:
+        if not self.done:
+            self._store.native.poll(0)
+        return self.done
+
+    def wait(self) -> GetResult:
+        """The batch's outcome.  If this raises, the batch's buffers go back to the pool once its reads are
+        over (see KVStore._give_back); waiting again raises."""
+        if self._result is None:
+            if self._failed:
+                raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
+            try:
+                self._result = self._outcome()
+            except BaseException:
+                self._failed = True
+                if self._lease is not None:
+                    self._store._give_back(_Abandoned(self._batch, (), self._lease, []))
+                    self._lease = None
+                raise
+        return self._result
+
+    def _outcome(self) -> GetResult:
+        check = None
+        if self._batch is not None:
+            b = self._batch
+            self._store.native.wait(b)
+            ok = b.verdict == native_io.OK
+            io_ok = ok | (b.verdict >= native_io.BAD_HEADER)
+            lv, base = self._lease.view, self._lease.offset
+            payloads = [lv[a:a + m] for a, m in zip((self._at - base).tolist(), self._ext.part_payload.tolist())]
+            single = len(self._ext.obj) == len(self._ext.rows)
+            check = _Check(b.res.tolist(), io_ok, ok, single, self._at, payloads, self._dst, ())
+        return self._store._finish_get(self._keys, self._found, self._ext, self._reads, check, self._lease)
+
+    def __del__(self) -> None:
+        # Dropped unfinished: its buffers go back once its reads are over (see GetHandle.__del__).
+        if self._result is None and self._lease is not None and self._batch is not None:
+            self._store._abandoned.append(_Abandoned(self._batch, (), self._lease, []))
 
 
 class Runs(NamedTuple):
@@ -507,6 +570,12 @@ class KVStore:
             for d in self.drives:
                 if d.fd >= 0:
                     self.engine.attach(d.index, d.fd, d.stats)
+            self.native: native_io.NativeIO | None = None
+            if config.wrap_engine is None and native_io.enabled(config.native_io):
+                self.native = native_io.NativeIO(config.queue_depth, config.single_thread_io)
+                for d in self.drives:
+                    if d.fd >= 0:
+                        self.native.attach(d.index, d.fd, d.stats)
             self.placement = make_placement(config.placement)
             self.pool = BufferPool(config.buffer_pool_bytes)
             if new:  # the store exists once its manifest does: written last
@@ -517,6 +586,8 @@ class KVStore:
         except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
             if getattr(self, "engine", None) is not None:
                 self.engine.close()
+            if getattr(self, "native", None) is not None:
+                self.native.close()
             if getattr(self, "catalog", None) is not None:
                 with contextlib.suppress(KVSwarmError, OSError):
                     self.catalog.close()
@@ -882,7 +953,11 @@ class KVStore:
         end = time.monotonic() + timeout
         try:
             while not a.batch.done:
-                self.engine.poll(max(0.0, min(end - time.monotonic(), 0.01)))
+                slice_s = max(0.0, min(end - time.monotonic(), 0.01))
+                if isinstance(a.batch, native_io.NativeBatch):
+                    self.native.poll(slice_s)
+                else:
+                    self.engine.poll(slice_s)
                 if not a.batch.done and time.monotonic() >= end:
                     return False
         except Exception:  # a broken (or closed) engine: its I/O cannot be confirmed over
@@ -909,7 +984,7 @@ class KVStore:
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None,
-                   in_place: bool = False) -> GetHandle:
+                   in_place: bool = False) -> GetHandle | NativeGetHandle:
         """Read ``keys`` in one batch; returns at once (``handle.wait()`` gives the GetResult).
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
@@ -934,10 +1009,13 @@ class KVStore:
         return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into, in_place)
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                           into: Sequence[object | None] | None = None, in_place: bool = False) -> GetHandle:
+                           into: Sequence[object | None] | None = None,
+                           in_place: bool = False) -> GetHandle | NativeGetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         if self.engine is None:
             self._check_open()
+        if self.native is not None and not (in_place and verify_submit is not None):
+            return self._submit_get_native(digests, keys, into)
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
@@ -970,11 +1048,58 @@ class KVStore:
         batch = self.engine.submit_reads(drives, offsets, bufs)
         return GetHandle(self, keys if keys is not None else digests, found, ext, reads, batch, live, lease)
 
+    def _submit_get_native(self, digests: Sequence[bytes], keys: Sequence[bytes] | None,
+                           into: Sequence[object | None] | None) -> NativeGetHandle:
+        """submit_get on the native path: the batch's extents, their expected headers, payload spans,
+        checksums and the caller's buffers as arrays, handed to kvswarm._batchio in one call."""
+        found, ext = self.catalog.locate(digests)
+        span = ext.length.astype(np.int64)
+        bufs_in: list[Bufs | None] | None = None
+        if into is not None:
+            if len(into) != len(digests):
+                raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
+            bufs_in = [None if into[i] is None else _as_bufs(into[i], True) for i in found]
+        k = len(span)
+        starts = np.cumsum(span) - span
+        reads = _Reads(starts, bufs_in)
+        keys_out = keys if keys is not None else digests
+        if not k:
+            return NativeGetHandle(self, keys_out, found, ext, reads, None, None, starts, None)
+        lease = self._lease(int(starts[-1] + span[-1]))
+        pp = ext.part_payload
+        sector = sector_payload(pp)
+        want = np.zeros(k, HEADER_BODY_DTYPE)
+        want["magic"], want["version"] = MAGIC, VERSION
+        want["flags"] = sector * FLAG_SECTOR_PAYLOAD
+        single = len(ext.obj) == len(ext.rows)
+        rows = ext.rows if single else ext.rows[ext.obj]
+        want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
+            rows["generation"]
+        want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
+        at = lease.offset + starts
+        poff = np.where(sector, ALIGN, HEADER_SIZE).astype(np.int64)
+        dst = parts = None
+        if bufs_in is not None:
+            dst = parts = _sized(bufs_in, ext.rows["payload_len"])
+            if not single:  # each extent's payload goes to its own slice of the object's buffer
+                cs = np.cumsum(pp) - pp
+                at_obj = (cs - cs[np.flatnonzero(ext.part == 0)][ext.obj]).tolist()
+                parts = [None if dst[o] is None else _part(dst[o], a, n)
+                         for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
+        drive = ext.drive.astype(np.int64)
+        if not all(d.healthy for d in self.drives):  # extents on drives out of service are not read: EIO
+            drive[~np.array([d.healthy for d in self.drives])[drive]] = -1
+        batch = self.native.submit(Op.READ, self.pool.array, drive, ext.offset.astype(np.int64), span, at,
+                                   want, poff, pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64), parts)
+        return NativeGetHandle(self, keys_out, found, ext, reads, batch, lease, at + poff, dst)
+
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
         flight, else for the next batch under verification; returns how many I/Os or batches
         finished.  With ``handle.done`` a caller finishes handles in the order they complete, so one
         slow read does not hold up the others."""
+        if self.native is not None and self.native.inflight():
+            return self.native.poll(timeout)
         if self.engine.inflight():
             before = self.engine.completions
             self.engine.poll(timeout)
@@ -1280,6 +1405,8 @@ class KVStore:
         if getattr(self, "engine", None) is None:
             return
         self.engine.close()
+        if self.native is not None:
+            self.native.close()
         while self._verifying:  # the worker holds views of the pool until it is done
             self._verifying.popleft().wait()
         try:

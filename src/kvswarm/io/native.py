@@ -1,0 +1,151 @@
+"""Whole batches of O_DIRECT I/O on the native io_uring path (``kvswarm._batchio``, docs/native-io.md).
+
+One call per batch: arrays in (drive, offset, length, where in a buffer; for verified reads the
+expected header, payload span, checksum and the caller's buffers), one :class:`NativeBatch` out,
+whose ``verdict`` per extent is final once it is ``done``.  Submission, reaping, header checks,
+checksums and the copies run in C with the GIL released; Python sees one object per batch, never one
+per I/O.  Submit, then poll: :meth:`NativeIO.poll` (or :meth:`NativeIO.wait`) drives completions in
+the caller's thread, as the ``uring`` engine does.
+
+The path exists where the extension was built and the kernel lets this process set up an io_uring
+(5.11 or later); ``KVSWARM_NATIVE_IO=0`` in the environment turns it off (the Python engines then do
+all I/O, as they do where it is missing).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvswarm.io.base import Op
+from kvswarm.metrics import DriveStats
+
+try:
+    from kvswarm import _batchio
+except ImportError:  # built without a C compiler, or without Linux's io_uring header
+    _batchio = None
+
+ENV = "KVSWARM_NATIVE_IO"
+# Verdicts per extent (kvswarm._batchio's codes).
+OK, SHORT, ERRNO, BAD_HEADER, BAD_CHECKSUM = 0, 1, 2, 3, 4
+
+
+@functools.cache
+def _ring_works() -> bool:
+    try:
+        _batchio.Ring(8, 1).close()
+    except OSError:  # io_uring refused (seccomp, an old kernel)
+        return False
+    return True
+
+
+def available() -> bool:
+    """The extension is built and this process can set up its ring."""
+    return _batchio is not None and _ring_works()
+
+
+def enabled(wanted: bool = True) -> bool:
+    """Whether a store that ``wanted`` the native path gets it: available, and not turned off by
+    ``KVSWARM_NATIVE_IO=0``."""
+    return wanted and os.environ.get(ENV, "1") != "0" and available()
+
+
+class NativeBatch:
+    """A batch on the ring.  ``verdict`` (per extent: OK, SHORT, ERRNO, BAD_HEADER, BAD_CHECKSUM) and
+    ``res`` (bytes moved or -errno) are final once ``done``; ``done`` never blocks."""
+
+    __slots__ = ("job", "op", "drive", "verdict", "res", "lat")
+
+    def __init__(self, job, op: Op, drive: np.ndarray, verdict: np.ndarray, res: np.ndarray,
+                 lat: np.ndarray) -> None:
+        self.job, self.op, self.drive, self.verdict, self.res, self.lat = job, op, drive, verdict, res, lat
+
+    @property
+    def done(self) -> bool:
+        return self.job.done
+
+
+class NativeIO:
+    """One native ring for a set of drives (attached as the engines' are), each drive up to
+    ``queue_depth`` I/Os in the ring; drive statistics are kept as the engines keep them."""
+
+    def __init__(self, queue_depth: int = 32, single_thread: bool = False, entries: int = 1024) -> None:
+        self._ring = _batchio.Ring(entries, queue_depth, single_thread)
+        self.queue_depth = queue_depth
+        self.stats: dict[int, DriveStats] = {}
+        self._live: dict[object, NativeBatch] = {}  # job -> its batch, until accounted
+        self._lock = threading.Lock()
+
+    def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
+        self._ring.attach(drive, fd)
+        self.stats[drive] = stats
+
+    def detach(self, drive: int) -> None:
+        """I/O queued for ``drive`` from now on fails with EIO at once (a drive taken out of service)."""
+        self._ring.attach(drive, -1)
+
+    def set_depth(self, depth: int) -> None:
+        self._ring.set_depth(depth)
+        self.queue_depth = depth
+
+    def submit(self, op: Op, mem: object, drive: np.ndarray, offset: np.ndarray, length: np.ndarray,
+               at: np.ndarray, want: np.ndarray | None = None, poff: np.ndarray | None = None,
+               plen: np.ndarray | None = None, sums: np.ndarray | None = None,
+               into: list | None = None) -> NativeBatch:
+        """Queue a batch (int64 arrays; see ``kvswarm._batchio.Ring.submit``); returns at once.
+        With ``sums`` the reads are verified (``want``: their expected 56-byte header bodies, or None)
+        and each verified payload is copied to ``into[i]`` (None, a buffer, or (base, offsets, lengths))."""
+        n = len(drive)
+        verdict, res, lat = np.empty(n, np.uint8), np.empty(n, np.int64), np.empty(n, np.int64)
+        job = self._ring.submit(int(op), mem, drive, offset, length, at, verdict, res, lat, want, poff, plen, sums,
+                                into)
+        batch = NativeBatch(job, op, drive, verdict, res, lat)
+        if not job.done:
+            with self._lock:
+                self._live[job] = batch
+        return batch
+
+    def poll(self, timeout: float | None = 0.0) -> int:
+        """Take completions in, waiting up to ``timeout`` s (None: a 10 ms slice) for one; returns
+        how many I/Os completed."""
+        before = self._ring.completions
+        self._account(self._ring.reap(timeout))
+        return self._ring.completions - before
+
+    def wait(self, batch: NativeBatch) -> None:
+        while not batch.done:
+            self.poll(None)
+        self._account(self._ring.reap(0))  # stats include it once it is done
+
+    def inflight(self) -> int:
+        return self._ring.queued
+
+    @property
+    def completions(self) -> int:
+        return self._ring.completions
+
+    def close(self) -> None:
+        self._ring.close()
+        self._account(self._ring.reap(0))
+
+    def _account(self, jobs: Sequence) -> None:
+        """Drive statistics of finished batches, per drive with a few array operations."""
+        for job in jobs:
+            with self._lock:
+                b = self._live.pop(job, None)
+            if b is None:
+                continue
+            drive, res = b.drive, b.res
+            for d in np.unique(drive).tolist():
+                st = self.stats.get(d)
+                if st is None:
+                    continue
+                mine = drive == d
+                r = res[mine]
+                good = r >= 0
+                st.errors += int((~good).sum())
+                st.record_many(int(b.op), int(r[good].sum()), b.lat[mine][good] / 1e9)
