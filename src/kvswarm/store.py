@@ -103,8 +103,8 @@ class StoreConfig:
     single_thread_io: bool = False
     # Reads as whole batches on the native io_uring path (kvswarm.io.native: submission, header and
     # checksum checks and copies in C), where it is built and the kernel allows it; False, or
-    # KVSWARM_NATIVE_IO=0 in the environment, keeps them on the Python engine.  Not with wrap_engine
-    # (a user-space drive model paces the Python engine's requests).
+    # KVSWARM_NATIVE_IO=0 in the environment, keeps them on the Python engine.  Not where wrap_engine
+    # wraps the engine (a user-space drive model paces the Python engine's requests).
     native_io: bool = True
     # Read another process's store (its one writer keeps it): nothing is written, not even the
     # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
@@ -564,14 +564,13 @@ class KVStore:
                 made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
-            self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
-            if config.wrap_engine is not None:
-                self.engine = config.wrap_engine(self.engine)
+            plain = make_engine(config.backend, config.queue_depth, config.single_thread_io)
+            self.engine: IOEngine = plain if config.wrap_engine is None else config.wrap_engine(plain)
             for d in self.drives:
                 if d.fd >= 0:
                     self.engine.attach(d.index, d.fd, d.stats)
             self.native: native_io.NativeIO | None = None
-            if config.wrap_engine is None and native_io.enabled(config.native_io):
+            if self.engine is plain and native_io.enabled(config.native_io):  # unwrapped: nothing paces it
                 self.native = native_io.NativeIO(config.queue_depth, config.single_thread_io)
                 for d in self.drives:
                     if d.fd >= 0:
@@ -1470,6 +1469,8 @@ class KVStore:
 
     @property
     def drive_stats(self) -> list[DriveStats]:
+        if getattr(self, "native", None) is not None:
+            self.native.fold_stats()
         return [d.stats for d in self.drives]
 
     def registry(self):
@@ -1480,10 +1481,10 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
-                                             "free_bytes": d.free_bytes, "capacity": d.capacity,
-                                             "direct_io": d.direct, "kind": d.kind}
-                       for d in self.drives],
+            "drives": [st.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
+                                        "free_bytes": d.free_bytes, "capacity": d.capacity,
+                                        "direct_io": d.direct, "kind": d.kind}
+                       for d, st in zip(self.drives, self.drive_stats)],
         }
 
     def digests(self) -> Iterable[bytes]:

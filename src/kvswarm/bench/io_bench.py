@@ -44,7 +44,9 @@ from kvswarm.bench import write_json
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.errors import KVSwarmError
 from kvswarm.io import Op, uring_available
+from kvswarm.io import native as native_io
 from kvswarm.io.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.store import KVStore, StoreConfig
@@ -86,11 +88,14 @@ def parse_count(s: str) -> int:
     return n
 
 
+BACKENDS = ("threads", "uring", "native")  # native: the store's reads on kvswarm._batchio (io.native)
+
+
 def _backends(text: str) -> list[str]:
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in ("threads", "uring")]
+    bad = [b for b in names if b not in BACKENDS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"backends are threads and/or uring, got {text!r}")
+        raise argparse.ArgumentTypeError(f"backends are some of {', '.join(BACKENDS)}, got {text!r}")
     return names
 
 
@@ -108,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="raw/store sample pairs per size and backend (default 5; quick 1)")
     p.add_argument("--backends", type=_backends, default=None,
-                   help="store I/O backends, comma-separated (default: threads,uring where available)")
+                   help="store read paths, comma-separated: threads and uring (the Python engines), native "
+                        "(kvswarm._batchio) (default: each that is available)")
     p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
                    help="how many temp drive directories to use when not on a testbed (default %(default)s)")
     p.add_argument("--dir", type=existing_dir, default=None,
@@ -203,16 +209,31 @@ class Drives:
         self.info = self.testbed.info()
         self.capacity = drive_bytes
 
+    @staticmethod
+    def native_possible(args: argparse.Namespace) -> bool:
+        """The native path takes no user-space drive pacing (kernel caps bind it as any software)."""
+        return not args.drives or args.emulation != "user-space"
+
     @property
     def store_queue_depth(self) -> int:
         """Reads in flight per drive for the store: capped drives each have their own queue."""
         return STORE_QUEUE_DEPTH if self.capped else max(16, SHARED_DISK_DEPTH // len(self.paths))
 
     def open_store(self, backend: str, queue_depth: int) -> KVStore:
+        """``native``: reads on the native batch path (its writes on the uring engine); the others keep
+        every I/O on that Python engine."""
+        native = backend == "native"
+        engine = ("uring" if uring_available() else "threads") if native else backend
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
-                          backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
-                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine)
-        return KVStore(cfg)
+                          backend=engine, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
+                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine,
+                          native_io=native)
+        store = KVStore(cfg)
+        if native and store.native is None:
+            store.close()
+            raise KVSwarmError("bench io: the native read path is not available here (kvswarm._batchio not "
+                               "built, io_uring refused, KVSWARM_NATIVE_IO=0, or user-space drive pacing)")
+        return store
 
     def raw_fds(self, write: bool = False) -> list[int]:
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT
@@ -354,7 +375,8 @@ def bench(args: argparse.Namespace, console) -> dict:
     seconds = args.seconds or (0.3 if quick else 3.0 if args.drives else 1.5)
     rounds = args.rounds or (1 if quick else 5)
     use_uring = uring_available()
-    backends = args.backends or ["threads"] + (["uring"] if use_uring else [])
+    native_ok = native_io.enabled() and Drives.native_possible(args)
+    backends = args.backends or ["threads"] + (["uring"] if use_uring else []) + (["native"] if native_ok else [])
     rng = random.Random(args.seed)
 
     def data_bytes(size: int) -> int:
@@ -379,6 +401,8 @@ def bench(args: argparse.Namespace, console) -> dict:
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
         "seconds": seconds, "rounds": rounds, "backends": backends, "quick": quick,
         "store_queue_depth_per_drive": drives.store_queue_depth,
+        "durability": "writes durable on both sides: raw O_DIRECT writes fdatasync'd at the end of each sample, "
+                      "the store's puts flushed (fdatasync + catalog sync) at the end of its data set",
         "object_size": "extent on disk; payload = size - 64 B header"}}
     runs: list[SizeRun] = []
     try:
@@ -462,10 +486,18 @@ def bench(args: argparse.Namespace, console) -> dict:
             f"store_cpu_s_per_gb_{name}": st.cpu_s_per_gb,
             f"raw_write_gbps_{name}": run.raw_write.gbps, f"store_write_gbps_{name}": run.store_write.gbps,
             f"write_ratio_{name}": run.store_write.gbps / run.raw_write.gbps,
+            f"cpu_ratio_{name}": st.cpu_s_per_gb / raw.cpu_s_per_gb,
         }
         for b, s in per_backend.items():
             summary[f"store_{b}_gbps_{name}"] = s.gbps
             summary[f"ratio_{b}_{name}"] = paired[b]
+            summary[f"cpu_ratio_{b}_{name}"] = s.cpu_s_per_gb / raw.cpu_s_per_gb
+        python = [b for b in per_backend if b != "native"]
+        if "native" in per_backend and python:  # the paired comparison: native vs the best Python path
+            best_py = max(python, key=lambda b: per_backend[b].gbps)
+            summary[f"native_vs_python_{name}"] = per_backend["native"].gbps / per_backend[best_py].gbps
+            summary[f"native_vs_python_cpu_{name}"] = (per_backend["native"].cpu_s_per_gb
+                                                       / per_backend[best_py].cpu_s_per_gb)
         results["sizes"][name] = {
             "extent_bytes": run.size, "payload_bytes": run.size - HEADER_SIZE, "objects": len(run.keys),
             "raw_samples": {m: [vars(s) for s in ss] for m, ss in all_raw.items()}, "raw_median": vars(raw),
@@ -626,11 +658,11 @@ def print_tables(results: dict, console) -> None:
                   f"{s[f'store_cpu_s_per_gb_{name}']:.2f}", f"[{color}]{ratio:.2f}[/] (>={target})")
     console.print(t)
     d = Table(title="read details (medians of the timed rounds)")
-    for col in ("object", "payload", "raw best", "store backends GB/s (ratio)", "store batches"):
+    for col in ("object", "payload", "raw best", "store paths GB/s (ratio, CPU/GB over raw's)", "store batches"):
         d.add_column(col, justify="right")
     for name, r in results["sizes"].items():
-        per_b = ", ".join(f"{b} {s[f'store_{b}_gbps_{name}']:.3f} ({s[f'ratio_{b}_{name}']:.2f})"
-                          for b in r["store_samples"])
+        per_b = ", ".join(f"{b} {s[f'store_{b}_gbps_{name}']:.3f} ({s[f'ratio_{b}_{name}']:.2f}, "
+                          f"CPU x{s[f'cpu_ratio_{b}_{name}']:.2f})" for b in r["store_samples"])
         shape = next(iter(r["store_samples"].values()))[0]["method"].replace("submit_get ", "")
         d.add_row(_fmt_size(r["extent_bytes"]), f"{r['payload_bytes']} B", r["raw_median"]["method"], per_b, shape)
     console.print(d)
@@ -642,6 +674,7 @@ def print_tables(results: dict, console) -> None:
         w.add_row(_fmt_size(r["extent_bytes"]), f"{rw['gbps']:.3f}", rw["method"], f"{sw['gbps']:.3f}",
                   f"{sw['iops']:,.0f}", f"{sw['cpu_s_per_gb']:.2f}", f"{sw['gbps'] / rw['gbps']:.2f}")
     console.print(w)
+    console.print(results["config"]["durability"])
     counts = sorted({k.rsplit("_", 1)[1] for k in s if k.startswith("reopen_s_")}, key=parse_count)
     if counts:
         t = Table(title="catalog reopen")

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
-from collections.abc import Sequence
-
+import time
 import numpy as np
 
 from kvswarm.io.base import Op
-from kvswarm.metrics import DriveStats
+from kvswarm.metrics import LATENCY_BUCKETS, READ, WRITE, DriveStats
 
 try:
     from kvswarm import _batchio
@@ -30,6 +28,7 @@ except ImportError:  # built without a C compiler, or without Linux's io_uring h
     _batchio = None
 
 ENV = "KVSWARM_NATIVE_IO"
+FOLD_S = 0.05  # drive statistics lag the ring by at most this while it is polled (see NativeIO.fold_stats)
 # Verdicts per extent (kvswarm._batchio's codes).
 OK, SHORT, ERRNO, BAD_HEADER, BAD_CHECKSUM = 0, 1, 2, 3, 4
 
@@ -75,10 +74,12 @@ class NativeIO:
 
     def __init__(self, queue_depth: int = 32, single_thread: bool = False, entries: int = 1024) -> None:
         self._ring = _batchio.Ring(entries, queue_depth, single_thread)
+        self._ring.set_buckets(LATENCY_BUCKETS.tolist())
+        # per drive and op: ops, bytes, errors, latency sum, then the buckets' counts (see take_stats)
+        self._fields = 4 + _batchio.MAX_BUCKETS + 1
+        self._fold_at = 0.0
         self.queue_depth = queue_depth
         self.stats: dict[int, DriveStats] = {}
-        self._live: dict[object, NativeBatch] = {}  # job -> its batch, until accounted
-        self._lock = threading.Lock()
 
     def attach(self, drive: int, fd: int, stats: DriveStats) -> None:
         self._ring.attach(drive, fd)
@@ -103,26 +104,28 @@ class NativeIO:
         verdict, res, lat = np.empty(n, np.uint8), np.empty(n, np.int64), np.empty(n, np.int64)
         job = self._ring.submit(int(op), mem, drive, offset, length, at, verdict, res, lat, want, poff, plen, sums,
                                 into)
-        batch = NativeBatch(job, op, drive, verdict, res, lat)
-        if not job.done:
-            with self._lock:
-                self._live[job] = batch
-        return batch
+        return NativeBatch(job, op, drive, verdict, res, lat)
 
     def poll(self, timeout: float | None = 0.0) -> int:
         """Take completions in, waiting up to ``timeout`` s (None: a 10 ms slice) for one; returns
         how many I/Os completed."""
         before = self._ring.completions
-        self._account(self._ring.reap(timeout))
+        self._ring.reap(timeout)
+        if time.monotonic() >= self._fold_at:
+            self.fold_stats()
         return self._ring.completions - before
 
     def wait(self, batch: NativeBatch) -> None:
         while not batch.done:
             self.poll(None)
-        self._account(self._ring.reap(0))  # stats include it once it is done
 
     def inflight(self) -> int:
+        """I/Os submitted and not yet completed (queued for the ring or in it)."""
         return self._ring.queued
+
+    def busy(self, drive: int) -> int:
+        """``drive``'s I/Os in the ring now (at most the queue depth)."""
+        return self._ring.busy(drive)
 
     @property
     def completions(self) -> int:
@@ -130,22 +133,20 @@ class NativeIO:
 
     def close(self) -> None:
         self._ring.close()
-        self._account(self._ring.reap(0))
+        self.fold_stats()
 
-    def _account(self, jobs: Sequence) -> None:
-        """Drive statistics of finished batches, per drive with a few array operations."""
-        for job in jobs:
-            with self._lock:
-                b = self._live.pop(job, None)
-            if b is None:
+    def fold_stats(self) -> None:
+        """Bring the drives' statistics up to date.  The ring counts completions per drive in C (ops,
+        bytes, errors, latency histogram); they reach the DriveStats here, which polls do at most every
+        FOLD_S (a dozen array operations per fold, none per I/O), and the store before it reports them."""
+        self._fold_at = time.monotonic() + FOLD_S
+        acc = np.frombuffer(self._ring.take_stats(), np.int64).reshape(-1, 2, self._fields)
+        for d in np.flatnonzero(acc[:, :, :3].any(axis=(1, 2))).tolist():
+            st = self.stats.get(d)
+            if st is None:
                 continue
-            drive, res = b.drive, b.res
-            for d in np.unique(drive).tolist():
-                st = self.stats.get(d)
-                if st is None:
-                    continue
-                mine = drive == d
-                r = res[mine]
-                good = r >= 0
-                st.errors += int((~good).sum())
-                st.record_many(int(b.op), int(r[good].sum()), b.lat[mine][good] / 1e9)
+            for op in (READ, WRITE):
+                ops, nbytes, errors, lat_ns = acc[d, op, :4].tolist()
+                st.errors += errors
+                if ops:
+                    st.add_folded(op, ops, nbytes, acc[d, op, 4:], lat_ns / 1e9)

@@ -34,7 +34,14 @@ enum { OP_READ = 0, OP_WRITE = 1 };
 #define HARVEST 256         /* completions taken per pass (verified outside the lock) */
 #define WAIT_SLICE_NS 10000000LL
 
+#define MAX_BUCKETS 32       /* latency histogram bounds (kvswarm.metrics.LATENCY_BUCKETS) */
+
 typedef struct Job Job;
+
+/* Per drive and op, what completed since the last take_stats(): kvswarm.metrics.DriveStats, folded. */
+typedef struct {
+    int64_t ops, bytes, errors, lat_ns, hist[MAX_BUCKETS + 1];
+} Acc;
 
 typedef struct {
     PyObject_HEAD
@@ -57,6 +64,9 @@ typedef struct {
     unsigned next_slot, used_slots;
     Job *pend_head, *pend_tail; /* jobs with I/Os not yet in the ring, in submission order */
     Job *done_head;            /* finished jobs whose buffers reap() lets go of (under the GIL) */
+    Acc *acc;                  /* [drive * 2 + op], drives below acc_top touched since take_stats */
+    int acc_top, nbounds;
+    int64_t bounds_ns[MAX_BUCKETS];
     pthread_mutex_t mu;
 } Ring;
 
@@ -249,9 +259,22 @@ static int harvest(Ring *r, Job **jobs, Py_ssize_t *idx, int cap) {
         struct io_uring_cqe *c = &r->cqes[head & mask];
         Job *j = r->slots[c->user_data >> 32];
         Py_ssize_t i = (Py_ssize_t)(c->user_data & 0xffffffffu);
+        int64_t lat = t - ((int64_t *)j->lat.buf)[i], d = ((const int64_t *)j->drive.buf)[i];
         ((int64_t *)j->res.buf)[i] = c->res;
-        ((int64_t *)j->lat.buf)[i] = t - ((int64_t *)j->lat.buf)[i];
-        r->busy[((const int64_t *)j->drive.buf)[i]]--;
+        ((int64_t *)j->lat.buf)[i] = lat;
+        r->busy[d]--;
+        Acc *a = &r->acc[d * 2 + j->op];
+        if (c->res >= 0) {
+            int b = 0;
+            while (b < r->nbounds && r->bounds_ns[b] < lat) b++;
+            a->ops++;
+            a->bytes += c->res;
+            a->lat_ns += lat;
+            a->hist[b]++;
+        } else {
+            a->errors++;
+        }
+        if (d >= r->acc_top) r->acc_top = (int)d + 1;
         jobs[n] = j;
         idx[n] = i;
     }
@@ -350,7 +373,8 @@ static int ring_init(Ring *self, PyObject *args, PyObject *kw) {
     self->depth = depth;
     for (int d = 0; d < MAX_DRIVES; d++) self->fds[d] = -1;
     self->slots = PyMem_Calloc(MAX_JOBS, sizeof(Job *));
-    if (self->slots == NULL) { PyErr_NoMemory(); return -1; }
+    self->acc = PyMem_Calloc(MAX_DRIVES * 2, sizeof(Acc));
+    if (self->slots == NULL || self->acc == NULL) { PyErr_NoMemory(); return -1; }
     pthread_mutex_init(&self->mu, NULL);
     struct io_uring_params p;
     memset(&p, 0, sizeof(p));
@@ -442,6 +466,7 @@ static void ring_dealloc(Ring *r) {
     }
     if (r->slots != NULL) pthread_mutex_destroy(&r->mu);
     PyMem_Free(r->slots);
+    PyMem_Free(r->acc);
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
@@ -618,6 +643,44 @@ static PyObject *ring_set_depth(Ring *r, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *ring_set_buckets(Ring *r, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "buckets: a sequence of latency bounds in seconds");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MAX_BUCKETS) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "at most %d latency buckets", MAX_BUCKETS);
+    }
+    int64_t b[MAX_BUCKETS];
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double v = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, k));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        b[k] = (int64_t)(v * 1e9 + 0.5);
+    }
+    Py_DECREF(seq);
+    pthread_mutex_lock(&r->mu);
+    memcpy(r->bounds_ns, b, sizeof(int64_t) * (size_t)n);
+    r->nbounds = (int)n;
+    pthread_mutex_unlock(&r->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_take_stats(Ring *r, PyObject *unused) {
+    (void)unused;
+    pthread_mutex_lock(&r->mu);
+    int top = r->acc_top;
+    PyObject *out = PyBytes_FromStringAndSize((const char *)r->acc, (Py_ssize_t)(sizeof(Acc) * 2 * (size_t)top));
+    if (out != NULL) {
+        memset(r->acc, 0, sizeof(Acc) * 2 * (size_t)top);
+        r->acc_top = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return out;
+}
+
 static PyObject *ring_close(Ring *r, PyObject *unused) {
     (void)unused;
     ring_drain(r);
@@ -653,6 +716,12 @@ static PyMethodDef ring_methods[] = {
      "that finished since the last reap (each once, whichever thread finished it)."},
     {"attach", (PyCFunction)ring_attach, METH_VARARGS, "attach(drive, fd): I/O to drive goes to fd (-1: fails with EIO)"},
     {"set_depth", (PyCFunction)ring_set_depth, METH_VARARGS, "set_depth(n): I/Os per drive in the ring at most"},
+    {"set_buckets", (PyCFunction)ring_set_buckets, METH_O,
+     "set_buckets(bounds): latency histogram upper bounds in seconds (at most 32), for take_stats"},
+    {"take_stats", (PyCFunction)ring_take_stats, METH_NOARGS,
+     "take_stats() -> bytes: per drive below the highest one that completed I/O since the last call, per op\n"
+     "(read, write), int64 ops, bytes, errors, latency sum (ns) and one count per latency bucket (its\n"
+     "bounds, then one past the last); zeroed by the call"},
     {"busy", (PyCFunction)ring_busy, METH_VARARGS, "busy(drive) -> int: that drive's I/Os in the ring"},
     {"close", (PyCFunction)ring_close, METH_NOARGS, "close(): wait out every I/O, then tear the ring down"},
     {NULL, NULL, 0, NULL},
@@ -693,7 +762,7 @@ PyMODINIT_FUNC PyInit__batchio(void) {
     if (PyModule_AddObject(m, "Job", (PyObject *)&JobType) < 0) return NULL;
     static const struct { const char *name; int v; } consts[] = {
         {"OK", V_OK}, {"SHORT", V_SHORT}, {"ERRNO", V_ERRNO}, {"BAD_HEADER", V_HEADER}, {"BAD_CHECKSUM", V_CHECKSUM},
-        {"READ", OP_READ}, {"WRITE", OP_WRITE}, {"HEADER_BODY", HEADER_BODY},
+        {"READ", OP_READ}, {"WRITE", OP_WRITE}, {"HEADER_BODY", HEADER_BODY}, {"MAX_BUCKETS", MAX_BUCKETS},
     };
     for (size_t k = 0; k < sizeof(consts) / sizeof(*consts); k++)
         if (PyModule_AddIntConstant(m, consts[k].name, consts[k].v) < 0) return NULL;
