@@ -97,6 +97,34 @@ def test_scale_projection_finds_the_link_bound(tmp_path, capsys):
     assert (tmp_path / "scale_scale.png").is_file()
 
 
+def test_scale_says_how_many_cores_each_read_path_needs(tmp_path, capsys):
+    """Cores per drive set = projected reads/s x measured CPU per op + bytes/s x CPU per byte, for each
+    read path measured here (the Python uring engine and the native batch path)."""
+    out = tmp_path / "scale.json"
+    assert main(["scale", "--drives", "1,4", "--links", "gen5_x64", "--placements", "round_robin",
+                 "--model", "Llama-3-8B", "--context", "8192", "--steps", "1", "--sim-layers", "2",
+                 "--cpu-paths", "uring,native", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    size = 16 * doc_entry_bytes(doc)
+    for path in ("uring", "native"):
+        assert s[f"cpu_per_op_us_{path}"] > 0 and s[f"cpu_per_byte_ns_{path}"] > 0
+        for n in (1, 4):
+            gbps = doc["series"]["pm9a3 / gen5_x64 / round_robin"]["points"][[1, 4].index(n)]["gbps"]
+            want = gbps * 1e9 / size * s[f"cpu_per_op_us_{path}"] * 1e-6 + gbps * s[f"cpu_per_byte_ns_{path}"]
+            assert s[f"cores_{path}_at_{n}"] == pytest.approx(want, rel=1e-6)
+        assert s[f"cores_{path}_at_4"] > 3 * s[f"cores_{path}_at_1"]
+    assert "cores needed" in capsys.readouterr().out
+    assert main(["scale", "--drives", "1", "--cpu-paths", "disk"]) == 2
+
+
+def doc_entry_bytes(doc: dict) -> int:
+    """Bytes of one token's KV entry of the scale run's model (Llama-3-8B: 32 layers x 8 KV heads x 128)."""
+    from kvswarm.planner.models import resolve_model
+
+    return resolve_model(doc["context"]["model"]).layout().entry_bytes
+
+
 def test_validate_predicts_only_what_it_was_not_fitted_on(tmp_path, capsys):
     """A tiny validation on the real disk: the report's shape and the fit/prediction split, not its
     accuracy (that is the command's).  The fit point is never among the predictions, and

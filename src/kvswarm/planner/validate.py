@@ -35,7 +35,7 @@ from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE
 from kvswarm.planner.disk import ScratchFile, bursts, closed_loop, fit_drive, simulate_closed_loop
-from kvswarm.planner.hostcost import HostCost, measure_host_cost
+from kvswarm.planner.hostcost import HostCost, engine_of, measure_host_cost
 from kvswarm.planner.report import console as make_console
 from kvswarm.planner.report import new_figure, print_error, write_outputs
 from kvswarm.sim.devices import DriveSpec
@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, help="timed store batches per object size (default 48, quick 16)")
     p.add_argument("--seconds", type=float, help="seconds per raw run (default 1, quick 0.4)")
     p.add_argument("--rounds", type=int, help="rounds per measurement, the median kept (default 3, quick 1)")
-    p.add_argument("--backend", choices=["threads", "uring"], default="threads", help="store I/O backend")
+    p.add_argument("--backend", choices=["threads", "uring", "native"], default="threads",
+                   help="store read path: a Python engine (threads, uring) or the native batch path (native)")
     p.add_argument("--placement", default="round_robin", help="store placement strategy (default %(default)s)")
     p.add_argument("--file-mib", type=int, default=1024, help="scratch file the raw reads range over "
                    "(default %(default)s)")
@@ -107,8 +108,9 @@ def run_store(directory: str, wl: Workload, backend: str, placement: str, rounds
     try:
         os.makedirs(os.path.join(root, "d0"))
         store = KVStore(StoreConfig(drives=[os.path.join(root, "d0")], meta_dir=os.path.join(root, "meta"),
-                                    capacity_per_drive=(2 * total // MiB + 64) * MiB, backend=backend,
-                                    placement=placement, buffer_pool_bytes=64 * MiB))
+                                    capacity_per_drive=(2 * total // MiB + 64) * MiB, backend=engine_of(backend),
+                                    placement=placement, buffer_pool_bytes=64 * MiB,
+                                    native_io=backend == "native"))
         try:
             blob = os.urandom(max(n for _, n in wl.items))
             for i in range(0, len(wl.items), 64):
