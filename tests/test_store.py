@@ -378,18 +378,26 @@ def test_failed_drive_degrades_not_crashes(backend, drive_dirs):
         assert all(e[0] != 1 for i in range(8) for e in s.catalog.get(_digest(b"n%d" % i)).extents)
 
 
+def _attach(s, drive: int, engine_fd: int, native_fd: int) -> None:
+    """Point a store's I/O for ``drive`` at other descriptors, on the engine and the native ring alike."""
+    s.engine.fds[drive] = engine_fd
+    if s.native is not None:
+        s.native.attach(drive, native_fd, s.drive_stats[drive])
+
+
 def test_real_io_errors_are_counted_and_isolated(backend, drive_dirs):
     paths = drive_dirs(2)
     with _open(paths, backend, error_threshold=2) as s:
         s.put_many([(b"e%d" % i, b"v" * 5000) for i in range(10)])
         # Swap drive 0's descriptor for a read-only one: its writes now fail with EBADF in the kernel.
         ro = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDONLY | os.O_DIRECT)
-        own, s.engine.fds[0] = s.engine.fds[0], ro
+        own = s.engine.fds[0], s.drives[0].fd
+        _attach(s, 0, ro, ro)
         results = s.put_many([(b"w%d" % i, b"v" * 5000) for i in range(10)])
         assert not all(results) and any(results)
         assert s.drive_stats[0].errors > 0 and not s.drives[0].healthy
         assert all(s.put_many([(b"x%d" % i, b"v" * 5000) for i in range(4)]))  # drive 0 avoided now
-        s.engine.fds[0] = own
+        _attach(s, 0, *own)
         os.close(ro)
 
 
@@ -839,8 +847,8 @@ def _pool_sized_for_one_batch(paths, backend):
     return s
 
 
-def _reads_io(s):
-    """What a store's reads go through: the native batch ring, or the Python engine."""
+def _io_of(s):
+    """What a store's reads and writes go through: the native batch ring, or the Python engine."""
     return s.native if s.native is not None else s.engine
 
 
@@ -854,7 +862,7 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, st
     """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
     that batch's buffers for good: they go back once none of its reads can still land there."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
-        io = _reads_io(s)
+        io = _io_of(s)
         # On the native path verification runs inside the ring's reaping (poll).
         verify = (s, "_check_get") if s.native is None else (io, "poll")
         obj, name = {"engine": (io, "wait"), "verify": verify, "finish": (s, "_finish_get")}[stage]
@@ -875,7 +883,7 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
     may still land there), counted, until its completions come in."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         broken = [True]
-        io = _reads_io(s)
+        io = _io_of(s)
         poll, wait = io.poll, io.wait
 
         def broken_poll(timeout=0.0):
@@ -914,11 +922,12 @@ def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(backend, mon
     with _open(drive_dirs(2), backend, buffer_pool_bytes=MiB) as s:
         items = [(k, _payload(k, 100_000)) for k in KEYS8]
         free = [d.alloc.free for d in s.drives]
-        _fail_once(monkeypatch, s.engine, "wait", OSError(5, "injected"))
+        io = _io_of(s)
+        _fail_once(monkeypatch, io, "wait", OSError(5, "injected"))
         h = s.submit_put(items)
         with pytest.raises(OSError, match="injected"):
             h.wait()
-        assert s.pool.in_use == 0 and not s.engine.inflight() and len(s) == 0
+        assert s.pool.in_use == 0 and not io.inflight() and len(s) == 0
         assert [d.alloc.free for d in s.drives] == free  # nothing was stored: its extents are free again
         assert s.counters["put_failures"] == len(items)
         with pytest.raises(KVSwarmError, match="failed"):

@@ -497,10 +497,19 @@ def _hand_over(views: list, found: list[int], good: list[int], into: list[Bufs |
 
 
 class PutHandle(_Handle):
-    def __init__(self, store: KVStore, batch: Batch, staged: tuple) -> None:
+    """A batched write in flight, on the Python engine (``batch`` a Batch) or the native ring (a
+    NativeBatch); ``wait()`` records what was written in the catalog."""
+
+    def __init__(self, store: KVStore, batch: Batch | native_io.NativeBatch, staged: tuple) -> None:
         self._store, self._batch = store, batch
+        self._io = store.native if isinstance(batch, native_io.NativeBatch) else store.engine
         self._staged: tuple | None = staged  # None once finished or failed
         self._done: list[bool] | None = None
+
+    def poll(self) -> bool:
+        if not self._batch.done:
+            self._io.poll(0)
+        return self.done
 
     def wait(self) -> list[bool]:
         """Per item: True when stored (the catalog now points at it).  If the engine raises, nothing is
@@ -510,7 +519,7 @@ class PutHandle(_Handle):
             if self._staged is None:
                 raise KVSwarmError("this put failed earlier")
             try:
-                self._store.engine.wait(self._batch)
+                self._io.wait(self._batch)
             except BaseException:
                 self._store.counters["put_failures"] += len(self._staged[0])
                 self._store._give_back(self._remains())
@@ -777,6 +786,8 @@ class KVStore:
             if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
                 raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
                                   f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
+        if self.native is not None:
+            return self._submit_put_native(items, hints, mvs, unit)
         lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
@@ -838,6 +849,60 @@ class KVStore:
             raise
         return PutHandle(self, self.engine.submit(reqs, checked=True), (staged, reqs, lease))
 
+    def _submit_put_native(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
+                           mvs: list[Bufs], unit: int) -> PutHandle:
+        """submit_put on the native path: placement and allocation here, per object; the extents' layout
+        (payload gathered, header packed, checksums) and their writes in kvswarm._batchio, per batch."""
+        lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
+        place = self.placement.place
+        objs: list[tuple[bytes, int, int, int]] = []  # digest, generation, length, parts
+        cols: list[tuple[int, int, int, int]] = []  # per extent: drive, offset, extent bytes, payload bytes
+        srcs: list[Bufs] = []
+        try:
+            views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
+            allocs = [d.alloc for d in self.drives]
+            gen0 = self.catalog.new_generations(len(items))
+            for j, ((key, _), mv) in enumerate(zip(items, mvs)):
+                digest = KEY_DIGEST(key)
+                n = _bufs_len(mv)
+                parts = max(1, -(-n // unit))
+                targets = place(digest, parts, views, hints[j] if hints else None)
+                for part in range(parts):
+                    chunk = _part(mv, part * unit, unit) if parts > 1 else mv
+                    c = _bufs_len(chunk)
+                    ext_len = extent_size(c)
+                    drv = targets[part]
+                    off = allocs[drv].alloc(ext_len)
+                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
+                        drv, off = self._alloc(drv, ext_len)
+                    cols.append((drv, off, ext_len, c))
+                    srcs.append(chunk)
+                objs.append((digest, gen0 + j, n, parts))
+            drive, offset, ext_len, plen = (np.array([c[f] for c in cols], np.int64) for f in range(4))
+            at = lease.offset + np.cumsum(ext_len) - ext_len
+            nparts = np.array([p for *_, p in objs], np.int64)
+            part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
+
+            def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
+                return np.repeat(np.array(values, dtype), nparts)
+
+            sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
+                                  plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
+                                  per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
+                                  per_extent([g for _, g, _, _ in objs], np.int64))
+        except BaseException:  # e.g. DriveFull in a later part: every extent taken so far goes back
+            self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln, _ in cols)))
+            lease.release()
+            raise
+        staged: list[tuple[bytes, Entry, int]] = []
+        csums, k = sums.tolist(), 0
+        for digest, gen, n, parts in objs:
+            exts = tuple(Extent(d, o, ln, cs) for (d, o, ln, _), cs in zip(cols[k:k + parts], csums[k:k + parts]))
+            staged.append((digest, Entry(gen, n, exts), parts))
+            k += parts
+        batch = self.native.submit(Op.WRITE, self.pool.array, drive, offset, ext_len, at)
+        return PutHandle(self, batch, (staged, batch, lease))
+
     def put_many(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> list[bool]:
         return self.submit_put(items, hints).wait()
 
@@ -866,24 +931,31 @@ class KVStore:
             return self._alloc(drive, nbytes)
         raise DriveFull(f"no drive has {nbytes} B free (pool full)")
 
-    def _finish_put(self, staged: tuple[list[tuple[bytes, Entry, int]], list[IORequest], Lease]) -> list[bool]:
-        items, reqs, lease = staged
+    def _finish_put(self, staged: tuple[list[tuple[bytes, Entry, int]], list[IORequest] | native_io.NativeBatch,
+                                        Lease]) -> list[bool]:
+        items, io, lease = staged
+        if isinstance(io, native_io.NativeBatch):
+            drives, offsets, lengths, results = io.drive.tolist(), io.offset.tolist(), io.length.tolist(), io.res.tolist()
+        else:
+            drives, offsets = [r.drive for r in io], [r.offset for r in io]
+            lengths, results = [len(r.buf) for r in io], [r.result for r in io]
         out = []
         done: list[tuple[bytes, Entry]] = []
         k = 0
         try:
             for digest, entry, parts in items:
                 ok = True
-                for r in reqs[k:k + parts]:
-                    if r.result == -errno.ENOSPC:  # a thin volume out of space: full, not failed
-                        d = self.drives[r.drive]
+                for x in range(k, k + parts):
+                    drv, res = drives[x], results[x]
+                    if res == -errno.ENOSPC:  # a thin volume out of space: full, not failed
+                        d = self.drives[drv]
                         d.nospc += 1
-                        d.mark_full(f"a write at {r.offset}")
+                        d.mark_full(f"a write at {offsets[x]}")
                         ok = False
-                    elif r.result != len(r.buf):
-                        self._io_error(r.drive, r.offset, r.result)
+                    elif res != lengths[x]:
+                        self._io_error(drv, offsets[x], res)
                         ok = False
-                    elif not self.drives[r.drive].healthy:  # failed while it was written: never readable
+                    elif not self.drives[drv].healthy:  # failed while it was written: never readable
                         ok = False
                 k += parts
                 if ok:

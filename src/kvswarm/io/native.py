@@ -57,15 +57,26 @@ class NativeBatch:
     """A batch on the ring.  ``verdict`` (per extent: OK, SHORT, ERRNO, BAD_HEADER, BAD_CHECKSUM) and
     ``res`` (bytes moved or -errno) are final once ``done``; ``done`` never blocks."""
 
-    __slots__ = ("job", "op", "drive", "verdict", "res", "lat")
+    __slots__ = ("job", "op", "drive", "offset", "length", "verdict", "res", "lat")
 
-    def __init__(self, job, op: Op, drive: np.ndarray, verdict: np.ndarray, res: np.ndarray,
-                 lat: np.ndarray) -> None:
-        self.job, self.op, self.drive, self.verdict, self.res, self.lat = job, op, drive, verdict, res, lat
+    def __init__(self, job, op: Op, drive: np.ndarray, offset: np.ndarray, length: np.ndarray, verdict: np.ndarray,
+                 res: np.ndarray, lat: np.ndarray) -> None:
+        self.job, self.op, self.drive, self.offset, self.length = job, op, drive, offset, length
+        self.verdict, self.res, self.lat = verdict, res, lat
 
     @property
     def done(self) -> bool:
         return self.job.done
+
+
+def pack(mem: object, at: np.ndarray, ext_len: np.ndarray, poff: np.ndarray, plen: np.ndarray, sources: list,
+         digests: bytes, obj_len: np.ndarray, part: np.ndarray, parts: np.ndarray, gen: np.ndarray) -> np.ndarray:
+    """Lay extents out for writing in ``mem`` (header, payload gathered from ``sources``, padding; see
+    ``kvswarm._batchio.pack``), GIL released; returns their payloads' xxh3-64."""
+    sums = np.empty(len(at), np.uint64)
+    _batchio.pack(mem, at, ext_len, poff, plen, sources, np.frombuffer(digests, np.uint8), obj_len, part, parts, gen,
+                  sums)
+    return sums
 
 
 class NativeIO:
@@ -104,7 +115,7 @@ class NativeIO:
         verdict, res, lat = np.empty(n, np.uint8), np.empty(n, np.int64), np.empty(n, np.int64)
         job = self._ring.submit(int(op), mem, drive, offset, length, at, verdict, res, lat, want, poff, plen, sums,
                                 into)
-        return NativeBatch(job, op, drive, verdict, res, lat)
+        return NativeBatch(job, op, drive, offset, length, verdict, res, lat)
 
     def poll(self, timeout: float | None = 0.0) -> int:
         """Take completions in, waiting up to ``timeout`` s (None: a 10 ms slice) for one; returns
@@ -116,8 +127,12 @@ class NativeIO:
         return self._ring.completions - before
 
     def wait(self, batch: NativeBatch) -> None:
+        """Drive completions until ``batch`` is done.  A batch with failed I/O has the drives'
+        statistics brought up to date at once: the store counts errors there to fail a drive."""
         while not batch.done:
             self.poll(None)
+        if len(batch.res) and batch.res.min() < 0:
+            self.fold_stats()
 
     def inflight(self) -> int:
         """I/Os submitted and not yet completed (queued for the ring or in it)."""

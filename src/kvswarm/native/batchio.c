@@ -746,9 +746,114 @@ static PyTypeObject RingType = {
     .tp_getset = ring_getset,
 };
 
+/* ---- extents to write ------------------------------------------------------------------------ */
+
+static void put16(char *p, uint16_t v) { p[0] = (char)v; p[1] = (char)(v >> 8); }
+static void put32(char *p, uint32_t v) { for (int k = 0; k < 4; k++) p[k] = (char)(v >> (8 * k)); }
+static void put64(char *p, uint64_t v) { for (int k = 0; k < 8; k++) p[k] = (char)(v >> (8 * k)); }
+
+#define HEADER_SIZE 64
+#define MAGIC 0x4B565357u
+#define VERSION 1
+#define FLAG_SECTOR_PAYLOAD 1
+
+PyDoc_STRVAR(pack_doc,
+"pack(mem, at, ext_len, poff, plen, sources, digests, obj_len, part, parts, gen, sums)\n\n"
+"Lay out n extents for writing (docs/format.md), GIL released: extent i fills\n"
+"mem[at[i]:at[i] + ext_len[i]]: its 64-byte header, zeros up to poff[i] (64, or 4096 for a payload\n"
+"of whole sectors: the header flag says which), the payload gathered from sources[i] (a buffer of\n"
+"plen[i] bytes, or (base, run_offsets, run_lengths)), then zeros to the end.  The header holds\n"
+"digests[16 * i:16 * i + 16], obj_len[i] (the object's payload), part[i] of parts[i], gen[i] and\n"
+"the payload's xxh3-64, which is also written to sums[i] (uint64, output); its last 8 bytes are the\n"
+"xxh32 of the first 56, and zeros.  at, ext_len, poff, plen, obj_len, part, parts and gen are int64\n"
+"arrays; everything is bounds-checked before any byte is written.");
+
+static PyObject *pack(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                          &o[10], &o[11]))
+        return NULL;
+    Py_buffer mem = {0}, a[9];
+    memset(a, 0, sizeof(a));
+    Scatter src = {0};
+    PyObject *ret = NULL;
+    /* a: at, ext_len, poff, plen, obj_len, part, parts, gen (int64), sums (uint64, written) */
+    PyObject *arrs[9] = {o[1], o[2], o[3], o[4], o[7], o[8], o[9], o[10], o[11]};
+    const char *names[9] = {"at", "ext_len", "poff", "plen", "obj_len", "part", "parts", "gen", "sums"};
+    Py_buffer dg = {0};
+    if (PyObject_GetBuffer(o[0], &mem, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(arrs[0], &a[0], PyBUF_C_CONTIGUOUS) < 0) goto done;
+    Py_ssize_t n = a[0].len / 8;
+    for (int k = 1; k < 9; k++)
+        if (hold(arrs[k], &a[k], n, 8, k == 8, names[k]) < 0) goto done;
+    if (hold(o[6], &dg, n, 16, 0, "digests") < 0) goto done;
+    if (!PyList_Check(o[5]) || PyList_GET_SIZE(o[5]) != n) {
+        PyErr_SetString(PyExc_ValueError, "sources: a list with one entry per extent");
+        goto done;
+    }
+    const int64_t *at = a[0].buf, *el = a[1].buf, *po = a[2].buf, *pl = a[3].buf, *ol = a[4].buf, *pt = a[5].buf,
+                  *pts = a[6].buf, *gen = a[7].buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (at[i] < 0 || el[i] < HEADER_SIZE || at[i] > mem.len - el[i] || (po[i] != HEADER_SIZE && po[i] != 4096)
+            || pl[i] < 0 || po[i] > el[i] - pl[i] || ol[i] < 0 || ol[i] > 0xffffffffLL || pt[i] < 0
+            || pts[i] > 0xffff || pt[i] >= pts[i]) {
+            PyErr_Format(PyExc_ValueError, "extent %zd does not fit its buffer or its header's fields", i);
+            goto done;
+        }
+    }
+    if (scatter_alloc(&src, n) < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(o[5], i);
+        if (b == Py_None) {
+            PyErr_Format(PyExc_ValueError, "sources[%zd]: every extent needs its payload", i);
+            goto done;
+        }
+        if (scatter_hold_as(&src, i, b, pl[i], 0) < 0) goto done;
+    }
+    uint64_t *sums = a[8].buf;
+    const char *digests = dg.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *p = (char *)mem.buf + at[i];
+        gather_copy(&src, i, p + po[i]);
+        memset(p + HEADER_SIZE, 0, (size_t)(po[i] - HEADER_SIZE));
+        memset(p + po[i] + pl[i], 0, (size_t)(el[i] - po[i] - pl[i]));
+        uint64_t sum = hash_payload(p + po[i], (size_t)pl[i]);
+        sums[i] = sum;
+        put32(p, MAGIC);
+        put16(p + 4, VERSION);
+        put16(p + 6, po[i] > HEADER_SIZE ? FLAG_SECTOR_PAYLOAD : 0);
+        memcpy(p + 8, digests + 16 * i, 16);
+        put32(p + 24, (uint32_t)ol[i]);
+        put16(p + 28, (uint16_t)pt[i]);
+        put16(p + 30, (uint16_t)pts[i]);
+        put64(p + 32, (uint64_t)gen[i]);
+        put64(p + 40, sum);
+        memset(p + 48, 0, 8);
+        put32(p + 56, XXH32(p, HEADER_BODY, 0));
+        memset(p + 60, 0, 4);
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+done:
+    scatter_release(&src);
+    if (dg.obj) PyBuffer_Release(&dg);
+    for (int k = 0; k < 9; k++)
+        if (a[k].obj) PyBuffer_Release(&a[k]);
+    PyBuffer_Release(&mem);
+    return ret;
+}
+
+static PyMethodDef module_methods[] = {
+    {"pack", pack, METH_VARARGS, pack_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, .m_name = "_batchio", .m_doc = "whole batches of verified O_DIRECT I/O on io_uring",
-    .m_size = -1,
+    .m_size = -1, .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__batchio(void) {

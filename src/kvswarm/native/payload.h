@@ -115,8 +115,9 @@ static void scatter_release(Scatter *s) {
     s->first = NULL;
 }
 
-/* Payload i's destination: None, a buffer (one run, all of it) or (base, run_offsets, run_lengths). */
-static int scatter_hold(Scatter *s, Py_ssize_t i, PyObject *b, int64_t want) {
+/* Payload i's destination (or, with writable 0, its source): None, a buffer (one run, all of it) or
+ * (base, run_offsets, run_lengths). */
+static int scatter_hold_as(Scatter *s, Py_ssize_t i, PyObject *b, int64_t want, int writable) {
     s->first[i + 1] = s->first[i];
     if (b == Py_None) return 0;
     PyObject *base = b;
@@ -137,7 +138,7 @@ static int scatter_hold(Scatter *s, Py_ssize_t i, PyObject *b, int64_t want) {
         }
         m = ob.len / 8;
     }
-    if (PyObject_GetBuffer(base, &s->dst[i], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto done;
+    if (PyObject_GetBuffer(base, &s->dst[i], PyBUF_SIMPLE | (writable ? PyBUF_WRITABLE : 0)) < 0) goto done;
     if (s->first[i] + m > s->nruns) {
         Py_ssize_t cap = (s->first[i] + m) * 2 + 16;
         Run *r = PyMem_Realloc(s->runs, (size_t)cap * sizeof(Run));
@@ -166,6 +167,19 @@ done:
     if (ob.obj) PyBuffer_Release(&ob);
     if (lb.obj) PyBuffer_Release(&lb);
     return rc;
+}
+
+static int scatter_hold(Scatter *s, Py_ssize_t i, PyObject *b, int64_t want) {
+    return scatter_hold_as(s, i, b, want, 1);
+}
+
+/* Gather payload i from its runs (held with writable 0) into p. */
+static inline void gather_copy(const Scatter *s, Py_ssize_t i, char *p) {
+    const char *b = s->dst[i].buf;
+    for (Py_ssize_t k = s->first[i]; k < s->first[i + 1]; k++) {
+        memcpy(p, b + s->runs[k].off, (size_t)s->runs[k].len);
+        p += s->runs[k].len;
+    }
 }
 
 /* Copy payload i (p) over its runs; nothing where it has no destination. */
