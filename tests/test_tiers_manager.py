@@ -12,6 +12,7 @@ import pytest
 
 from kvswarm.errors import DriveFull, KVSwarmError
 from kvswarm.format import key_digest
+from kvswarm.io import native
 from kvswarm.io.base import IOEngine
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import PrefixKeyer, new_block
@@ -228,7 +229,8 @@ class SlowEngine(IOEngine):
 
 
 @pytest.mark.parametrize("mode, expect", [("best_effort", 0), ("timeout", 0), ("wait_complete", 4)])
-def test_prefetch_deadline_policies(tmp_path, mode, expect):
+def test_prefetch_deadline_policies(tmp_path, monkeypatch, mode, expect):
+    monkeypatch.setenv(native.ENV, "0")  # the slow engine below wraps the Python engine the store then uses
     with manager(tmp_path, cap=None) as tm:
         ks = keys_of(0, 4)
         serve(tm, ks)
@@ -329,9 +331,10 @@ def test_a_block_read_back_corrupt_leaves_its_pool_too(tmp_path):
         assert key_digest(ks[2]) not in ssd.catalog.entries and len(ssd) == 3
 
 
-def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_durably(tmp_path):
+def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_durably(tmp_path, monkeypatch):
     """Demotion writes the block below and then drops it above: until the write below is back and
     flushed, the copy above stays, so a failed write or a crash in between loses nothing."""
+    monkeypatch.setenv(native.ENV, "0")  # the slow engine below wraps the Python engine the store then uses
     with manager(tmp_path, dram_blocks=0, ssd=(1, 16), cap=(1, 64)) as tm:
         tm.director.resize(Tier.SSD, 4)  # the pool keeps 4 blocks; its drive has room for more
         old, new = keys_of(0, 4), keys_of(1, 4)

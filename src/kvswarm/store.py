@@ -155,6 +155,15 @@ def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stri
 
 
 @dataclass(frozen=True)
+class ReadShape:
+    """How a caller should cut a stream of reads (:meth:`KVStore.read_shape`): ``keys`` per
+    submit_get batch, ``inflight`` batches outstanding."""
+
+    keys: int
+    inflight: int
+
+
+@dataclass(frozen=True)
 class DriveHealth:
     """A drive's state as :meth:`KVStore.health` reports it."""
 
@@ -1626,6 +1635,11 @@ class KVStore:
         """Reap I/O completions, waiting up to ``timeout`` seconds for one (None: until one comes):
         a caller with many handles in flight reaps once, then asks each handle's ``done`` (no
         system call) rather than ``poll`` per handle."""
+        if self.native is not None and self.native.inflight():
+            self.native.poll(timeout)
+            if not self.engine.inflight():
+                return
+            timeout = 0.0  # the engine's completions too, without a second wait
         self.engine.poll(timeout)
 
     def warm_buffers(self) -> bool:
@@ -1641,6 +1655,25 @@ class KVStore:
     def room(self) -> int:
         """Bytes of the largest lease the buffer pool grants now (one free run of it)."""
         return self.pool.largest_free
+
+    def read_shape(self, object_bytes: int) -> ReadShape:
+        """The batch shape that keeps this store's drives busy for reads of objects taking
+        ``object_bytes`` each (:meth:`object_bytes`): twice every healthy drive's queue depth of
+        extents outstanding (the drives stay full while finished batches are verified and handed
+        over), in batches of at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys)
+        but at least 4 keys (one submission per few large objects), within half the buffer pool."""
+        size = max(ALIGN, object_bytes)
+        extents = max(1, -(-size // self.config.stripe_unit))
+        keys = max(4, min(256, (4 << 20) // size))
+        healthy = sum(d.healthy for d in self.drives) or 1
+        want = 2 * healthy * self.config.queue_depth
+        inflight = max(2, -(-want // (keys * extents)))
+        room = self.config.buffer_pool_bytes // 2
+        while inflight > 2 and keys * inflight * size > room:
+            inflight -= 1
+        while keys > 1 and keys * inflight * size > room:
+            keys //= 2
+        return ReadShape(keys, inflight)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
         """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,

@@ -8,8 +8,9 @@ rounds that alternate between the raw baseline and the store:
   io_uring ring at several queue depths; the best configuration is "raw".
 * store: ``KVStore.submit_get`` batches kept in flight (the async API, as a caller that
   overlaps I/O with work would use it), every object verified (header + xxh3), for
-  each I/O backend; the best backend is "store".  Its shape (keys per batch, batches in
-  flight) is tuned like the raw depth, two passes over the candidates, after an untimed pass
+  each read path (the Python engines ``threads`` and ``uring``, and the ``native`` batch
+  path); the best path is "store".  Its shape (keys per batch, batches in flight) is the
+  store's own choice for its drives (``KVStore.read_shape``), not tuned, after an untimed pass
   that faults the new store's buffer pool in (the raw loops fault theirs before timing).
 
 store/raw is the median over rounds of the store's sample divided by the raw sample taken
@@ -319,24 +320,6 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
             fds, _shuffled(run.ios, rng), run.size, Op.READ, d, seconds, drives.models).gbps)
 
 
-def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random) -> tuple[int, int]:
-    """Pick the store's read shape for this size, as the raw side's depth is picked: two passes over
-    the candidates (the second in reverse order), each candidate's better sample counts.
-
-    Candidates: the shapes for the raw side's tuned depth and for each depth it tries, in batches of
-    at most 512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy
-    raw pick alone could leave the store short).
-    """
-    shapes = sorted({_store_shape(run.size, d, b) for d in (run.best_depth, *RAW_DEPTHS)
-                     for b in (512 * KiB, 4 * MiB)}, key=lambda x: x[0] * x[1])
-    payload = run.size - HEADER_SIZE
-    # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
-    # sample (the raw loops fault their buffers in before their timers start).
-    store_read(store, _shuffled(run.keys, rng), payload, *shapes[-1], seconds)
-    got = tune_passes(shapes, lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
-    return max(got, key=got.get)
-
-
 def _sync(fds: Sequence[int]) -> float:
     t0 = time.perf_counter()
     for fd in fds:
@@ -348,24 +331,6 @@ def _shuffled(xs: Sequence, rng: random.Random) -> list:
     out = list(xs)
     rng.shuffle(out)
     return out
-
-
-def _store_shape(size: int, depth: int, batch_bytes: int = 4 * MiB) -> tuple[int, int]:
-    """(keys per submit_get batch, batches in flight): about 4x the raw depth outstanding, at most
-    64 MiB or the raw depth's bytes, whichever is more.
-
-    The extra batches keep the engine's queues full while finished ones are verified. Large objects
-    never get fewer reads outstanding than the raw loop's depth: with a flat 64 MiB cap, 1 MiB reads
-    stopped at 64 outstanding while the raw loop ran 128-256 deep (store 4x16 vs 4x32: 1.91 vs 2.31 GB/s).
-    """
-    # At least 4 keys: each batch is one submission (one system call and one device notification),
-    # which single-object batches of 1 MiB would pay per object.  Up to 256 small ones: the store
-    # verifies a batch with a few array operations, whose fixed cost more keys share (256- vs
-    # 64-key batches, same process: 4 KiB 50k vs 46k reads/s, 16 KiB 43k vs 36k); the tuner also
-    # tries 512 KiB batches, which keep fewer reads outstanding where the disk prefers that (64 KiB).
-    batch = max(4, min(256, batch_bytes // size))
-    inflight = max(4, min(-(-4 * depth // batch), max(64 * MiB, depth * size) // (batch * size)))
-    return batch, inflight
 
 
 def bench(args: argparse.Namespace, console) -> dict:
@@ -441,8 +406,13 @@ def bench(args: argparse.Namespace, console) -> dict:
                 store = drives.open_store(backend, drives.store_queue_depth)
                 try:
                     for run in runs:
-                        with console.status(f"{backend}: tuning the store's reads at {_fmt_size(run.size)}"):
-                            batch, inflight = run.store_shape[backend] = _tune_store(store, run, seconds / 2, rng)
+                        shape = store.read_shape(store.object_bytes(run.size - HEADER_SIZE))
+                        batch, inflight = run.store_shape[backend] = (shape.keys, shape.inflight)
+                        with console.status(f"{backend}: warming the store's reads at {_fmt_size(run.size)}"):
+                            # Untimed: the new store's buffer pool is faulted in here, not in a timed sample
+                            # (the raw loops fault their buffers in before their timers start).
+                            store_read(store, _shuffled(run.keys, rng), run.size - HEADER_SIZE, batch, inflight,
+                                       seconds / 2)
                         with console.status(f"{backend}: {_fmt_size(run.size)} rounds"):
                             for r in range(rounds):
                                 order = [0, 1] if r % 2 == 0 else [1, 0]
