@@ -1,4 +1,4 @@
-"""The native batch path (kvswarm._batchio through kvswarm.io.native) on its own: real files with
+"""The native batch path (kvswarm.io._batchio through kvswarm.io.native) on its own: real files with
 O_DIRECT, verdicts per extent, per-drive depth, EIO for drives without a file, statistics, threads."""
 
 import os
@@ -166,7 +166,7 @@ def test_depth_per_drive_and_many_batches_from_several_threads(files):
 
 
 def test_the_env_var_turns_the_path_off(monkeypatch):
-    assert native.available(), "kvswarm._batchio was not built, or io_uring is refused"
+    assert native.available(), "kvswarm.io._batchio was not built, or io_uring is refused"
     assert native.enabled()
     monkeypatch.setenv(native.ENV, "0")
     assert not native.enabled()

@@ -27,14 +27,14 @@ def backend(request):
 
 @pytest.fixture(autouse=True, params=["batch", "native", "python"])
 def verifier(request, monkeypatch):
-    """Every test runs on the native batch path (kvswarm._batchio: I/O, checks and copies in C), with the
+    """Every test runs on the native batch path (kvswarm.io._batchio: I/O, checks and copies in C), with the
     Python engine and the native verify worker, and with the pure-Python checks (a build without a C
     compiler); the native modules must have been built."""
     import kvswarm.store
     from kvswarm.io import native
 
     assert kvswarm.store.verify_submit is not None, "kvswarm._verify was not built"
-    assert native.available(), "kvswarm._batchio was not built, or io_uring is refused"
+    assert native.available(), "kvswarm.io._batchio was not built, or io_uring is refused"
     if request.param != "batch":
         monkeypatch.setenv(native.ENV, "0")
     if request.param == "python":

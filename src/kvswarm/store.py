@@ -299,7 +299,7 @@ class GetHandle(_Handle):
 
 class NativeGetHandle:
     """A batched read on the native path (KVStore._submit_get_native): its I/O, header and checksum
-    checks and copies into the caller's buffers all run in kvswarm._batchio; ``wait()`` turns the
+    checks and copies into the caller's buffers all run in kvswarm.io._batchio; ``wait()`` turns the
     per-extent verdicts into the :class:`GetResult`, as :class:`GetHandle` does."""
 
     def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
@@ -861,7 +861,7 @@ class KVStore:
     def _submit_put_native(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
                            mvs: list[Bufs], unit: int) -> PutHandle:
         """submit_put on the native path: placement and allocation here, per object; the extents' layout
-        (payload gathered, header packed, checksums) and their writes in kvswarm._batchio, per batch."""
+        (payload gathered, header packed, checksums) and their writes in kvswarm.io._batchio, per batch."""
         lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
         place = self.placement.place
         objs: list[tuple[bytes, int, int, int]] = []  # digest, generation, length, parts
@@ -944,7 +944,8 @@ class KVStore:
                                         Lease]) -> list[bool]:
         items, io, lease = staged
         if isinstance(io, native_io.NativeBatch):
-            drives, offsets, lengths, results = io.drive.tolist(), io.offset.tolist(), io.length.tolist(), io.res.tolist()
+            drives, offsets = io.drive.tolist(), io.offset.tolist()
+            lengths, results = io.length.tolist(), io.res.tolist()
         else:
             drives, offsets = [r.drive for r in io], [r.offset for r in io]
             lengths, results = [len(r.buf) for r in io], [r.result for r in io]
@@ -1131,7 +1132,7 @@ class KVStore:
     def _submit_get_native(self, digests: Sequence[bytes], keys: Sequence[bytes] | None,
                            into: Sequence[object | None] | None) -> NativeGetHandle:
         """submit_get on the native path: the batch's extents, their expected headers, payload spans,
-        checksums and the caller's buffers as arrays, handed to kvswarm._batchio in one call."""
+        checksums and the caller's buffers as arrays, handed to kvswarm.io._batchio in one call."""
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)
         bufs_in: list[Bufs | None] | None = None

@@ -89,7 +89,7 @@ def parse_count(s: str) -> int:
     return n
 
 
-BACKENDS = ("threads", "uring", "native")  # native: the store's reads on kvswarm._batchio (io.native)
+BACKENDS = ("threads", "uring", "native")  # native: the store's reads on kvswarm.io._batchio (io.native)
 
 
 def _backends(text: str) -> list[str]:
@@ -115,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="raw/store sample pairs per size and backend (default 5; quick 1)")
     p.add_argument("--backends", type=_backends, default=None,
                    help="store read paths, comma-separated: threads and uring (the Python engines), native "
-                        "(kvswarm._batchio) (default: each that is available)")
+                        "(kvswarm.io._batchio) (default: each that is available)")
     p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
                    help="how many temp drive directories to use when not on a testbed (default %(default)s)")
     p.add_argument("--dir", type=existing_dir, default=None,
@@ -232,7 +232,7 @@ class Drives:
         store = KVStore(cfg)
         if native and store.native is None:
             store.close()
-            raise KVSwarmError("bench io: the native read path is not available here (kvswarm._batchio not "
+            raise KVSwarmError("bench io: the native read path is not available here (kvswarm.io._batchio not "
                                "built, io_uring refused, KVSWARM_NATIVE_IO=0, or user-space drive pacing)")
         return store
 

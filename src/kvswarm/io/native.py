@@ -1,4 +1,4 @@
-"""Whole batches of O_DIRECT I/O on the native io_uring path (``kvswarm._batchio``, docs/native-io.md).
+"""Whole batches of O_DIRECT I/O on the native io_uring path (``kvswarm.io._batchio``, docs/native-io.md).
 
 One call per batch: arrays in (drive, offset, length, where in a buffer; for verified reads the
 expected header, payload span, checksum and the caller's buffers), one :class:`NativeBatch` out,
@@ -23,13 +23,13 @@ from kvswarm.io.base import Op
 from kvswarm.metrics import LATENCY_BUCKETS, READ, WRITE, DriveStats
 
 try:
-    from kvswarm import _batchio
+    from kvswarm.io import _batchio
 except ImportError:  # built without a C compiler, or without Linux's io_uring header
     _batchio = None
 
 ENV = "KVSWARM_NATIVE_IO"
 FOLD_S = 0.05  # drive statistics lag the ring by at most this while it is polled (see NativeIO.fold_stats)
-# Verdicts per extent (kvswarm._batchio's codes).
+# Verdicts per extent (kvswarm.io._batchio's codes).
 OK, SHORT, ERRNO, BAD_HEADER, BAD_CHECKSUM = 0, 1, 2, 3, 4
 
 
@@ -72,7 +72,7 @@ class NativeBatch:
 def pack(mem: object, at: np.ndarray, ext_len: np.ndarray, poff: np.ndarray, plen: np.ndarray, sources: list,
          digests: bytes, obj_len: np.ndarray, part: np.ndarray, parts: np.ndarray, gen: np.ndarray) -> np.ndarray:
     """Lay extents out for writing in ``mem`` (header, payload gathered from ``sources``, padding; see
-    ``kvswarm._batchio.pack``), GIL released; returns their payloads' xxh3-64."""
+    ``kvswarm.io._batchio.pack``), GIL released; returns their payloads' xxh3-64."""
     sums = np.empty(len(at), np.uint64)
     _batchio.pack(mem, at, ext_len, poff, plen, sources, np.frombuffer(digests, np.uint8), obj_len, part, parts, gen,
                   sums)
@@ -108,7 +108,7 @@ class NativeIO:
                at: np.ndarray, want: np.ndarray | None = None, poff: np.ndarray | None = None,
                plen: np.ndarray | None = None, sums: np.ndarray | None = None,
                into: list | None = None) -> NativeBatch:
-        """Queue a batch (int64 arrays; see ``kvswarm._batchio.Ring.submit``); returns at once.
+        """Queue a batch (int64 arrays; see ``kvswarm.io._batchio.Ring.submit``); returns at once.
         With ``sums`` the reads are verified (``want``: their expected 56-byte header bodies, or None)
         and each verified payload is copied to ``into[i]`` (None, a buffer, or (base, offsets, lengths))."""
         n = len(drive)

@@ -1,4 +1,4 @@
-/* kvswarm._batchio: whole batches of O_DIRECT I/O on an io_uring ring, reads verified and scattered
+/* kvswarm.io._batchio: whole batches of O_DIRECT I/O on an io_uring ring, reads verified and scattered
  * in native code, with no Python object per I/O and the GIL released.
  *
  * A batch is arrays, one slot per extent (drive, file offset, length, where in a buffer it lands; for
@@ -132,7 +132,7 @@ static PyGetSetDef job_getset[] = {
 
 static PyTypeObject JobType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvswarm._batchio.Job",
+    .tp_name = "kvswarm.io._batchio.Job",
     .tp_basicsize = sizeof(Job),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "a batch on a Ring; its verdict, res and lat arrays and the caller's buffers are final once done",
@@ -735,7 +735,7 @@ static PyGetSetDef ring_getset[] = {
 
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvswarm._batchio.Ring",
+    .tp_name = "kvswarm.io._batchio.Ring",
     .tp_basicsize = sizeof(Ring),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Ring(entries=1024, depth=32, single_thread=False): an io_uring for whole batches (see submit)",
@@ -852,7 +852,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, .m_name = "_batchio", .m_doc = "whole batches of verified O_DIRECT I/O on io_uring",
+    PyModuleDef_HEAD_INIT, .m_name = "kvswarm.io._batchio", .m_doc = "whole batches of verified O_DIRECT I/O on io_uring",
     .m_size = -1, .m_methods = module_methods,
 };
 

@@ -1,5 +1,5 @@
 """The store's host-side CPU cost: per op (submit, header check) and per byte (the payload checksum),
-per read path: ``threads`` and ``uring`` (the Python engines) and ``native`` (kvswarm._batchio).
+per read path: ``threads`` and ``uring`` (the Python engines) and ``native`` (kvswarm.io._batchio).
 
 A store on fast drives is CPU-bound: the simulator charges the cost on the CPUs it may use (one for
 the Python paths, under the GIL), so ``plan validate`` and ``plan scale`` model the store, not just
@@ -67,7 +67,7 @@ def measure_host_cost(backend: str, quick: bool) -> HostCost:
                                     buffer_pool_bytes=32 * MiB, native_io=backend == "native"))
         if backend == "native" and store.native is None:
             store.close()
-            raise ValueError("the native read path is not available here (kvswarm._batchio not built, io_uring "
+            raise ValueError("the native read path is not available here (kvswarm.io._batchio not built, io_uring "
                              "refused, or KVSWARM_NATIVE_IO=0)")
         try:
             keys = [b"host/%d" % i for i in range(256)]
