@@ -281,7 +281,7 @@ class NativeGetHandle:
             lv, base = self._lease.view, self._lease.offset
             payloads = [lv[a:a + m] for a, m in zip((self._at - base).tolist(), self._ext.part_payload.tolist())]
             single = len(self._ext.obj) == len(self._ext.rows)
-            check = Check(b.res.tolist(), io_ok, ok, single, self._at, payloads, self._dst, ())
+            check = Check(b.res, io_ok, ok, single, self._at, payloads, self._dst, ())
         return self._store._finish_get(self._keys, self._found, self._ext, self._reads, check, self._lease)
 
     def __del__(self) -> None:
