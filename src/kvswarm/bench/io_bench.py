@@ -19,9 +19,13 @@ in the same round (the disk's speed drifts between rounds); ``ratio_of_medians_*
 Object size means the extent on disk: a "4 KiB object" is one 4 KiB extent holding
 a 64-byte header and 4032 B of payload.  The store's GB/s counts payload bytes only,
 the raw baseline counts every byte it reads, so the ratio slightly favours raw (by
-1.6% at 4 KiB).  Writes: raw O_DIRECT pwritev/io_uring into free space of the same
-drives vs ``submit_put`` of the whole data set plus ``flush()``.  Catalog reopen time
-is measured for 100k and 1M objects.
+1.6% at 4 KiB).  CPU: ``cpu_ratio_*`` is the store's CPU seconds per GB over raw's (per
+path: ``cpu_ratio_<path>_*``); ``native_vs_python_*`` (and ``_cpu_*``) compare the native path
+with the best Python engine in the same run.  Writes, durable on both sides: raw O_DIRECT
+pwritev/io_uring into free space of the same drives, fdatasync'd at the end of each sample, vs
+``submit_put`` of the whole data set plus ``flush()`` (fdatasync, then the catalog's journal), on
+the last read path's store (native where it is available).  Catalog reopen time is measured for
+100k and 1M objects.
 
 Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
 capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
