@@ -118,10 +118,13 @@ class NativeIO:
         return NativeBatch(job, op, drive, offset, length, verdict, res, lat)
 
     def poll(self, timeout: float | None = 0.0) -> int:
-        """Take completions in, waiting up to ``timeout`` s (None: a 10 ms slice) for one; returns
-        how many I/Os completed."""
+        """Take completions in, waiting up to ``timeout`` s (None: until one comes, or nothing is in
+        flight) for one; returns how many I/Os completed.  The ring waits in 10 ms slices, so a
+        completion another thread takes in never leaves this one waiting."""
         before = self._ring.completions
         self._ring.reap(timeout)
+        while timeout is None and self._ring.completions == before and self._ring.queued:
+            self._ring.reap(None)
         if time.monotonic() >= self._fold_at:
             self.fold_stats()
         return self._ring.completions - before
