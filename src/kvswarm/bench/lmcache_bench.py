@@ -304,8 +304,6 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
                                             "retrieve_s": [], "retrieve_passes": []} for c in CASES}
     misses = wrong = 0
     units = {c: passes_per_unit(window, total, DRIVES if c == "kvswarm_4drives" else 1, caps) for c in CASES}
-    # Every case's LMCache CPU back end (where retrieved chunks land) holds the largest unit's chunks.
-    cpu_bytes = int(total * 1.1) * max(units.values()) + 256 * MiB
     for r in range(rounds):
         order = CASES if r % 2 == 0 else CASES[::-1]
         live: dict[str, tuple[Backend, list, int]] = {}
@@ -314,7 +312,9 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
             for case in order:
                 dirs[case] = case_dirs(case, mounts, f"{geo.layers}-{r}")
                 capacity = int(total * 1.25 / len(dirs[case])) + 64 * MiB
-                b = Backend(case, geo, CHUNK, dirs[case], cpu_bytes, capacity)
+                # LMCache's CPU back end here is the allocator retrieved chunks land in (no caching:
+                # local_cpu off), sized for one unit's chunks; LMCache touches all of it at start.
+                b = Backend(case, geo, CHUNK, dirs[case], int(total * 1.1) * units[case] + 256 * MiB, capacity)
                 live[case] = (b, b.keys(n, seed=r), units[case])
                 settle()
                 seen[case]["store_gbps"].append(total / b.store(live[case][1], data) / 1e9)
