@@ -127,6 +127,20 @@ def test_handles_finish_in_completion_order(backend, drive_dirs):
         assert seen == 40
 
 
+def test_reads_back_holds_once_the_io_is_back_and_before_the_result(backend, drive_dirs):
+    """``reads_back``: a caller may submit its next batch once a handle's I/O is back, before
+    waiting for its verification; the handle's result is the same."""
+    with _open(drive_dirs(2), backend) as s:
+        s.put_many([(b"r%d" % i, _payload(b"r%d" % i, 70000)) for i in range(16)])
+        h = s.submit_get([b"r%d" % i for i in range(16)])
+        while not h.reads_back:
+            s.progress(0.05)
+        assert h.reads_back  # stays so, whatever verification does
+        with s.submit_get([b"r0"]).wait() as r2, h.wait() as r:
+            assert bytes(r2.views[0]) == _payload(b"r0", 70000)
+            assert [bytes(v) for v in r.views] == [_payload(b"r%d" % i, 70000) for i in range(16)]
+
+
 def test_corrupted_extent_is_a_counted_miss(backend, overwrite, drive_dirs):
     paths = drive_dirs(2)
     with _open(paths, backend) as s:

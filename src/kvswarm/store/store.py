@@ -184,6 +184,12 @@ class GetHandle(_Handle):
             self._start_check()
         return self._check is None or self._check.done
 
+    @property
+    def reads_back(self) -> bool:
+        """Whether every read of the batch has completed (its verification may still be running): a
+        caller keeping a drive's queue full submits its next batch now, not after ``wait()``."""
+        return self._checking or self._batch.done
+
     def _start_check(self) -> None:
         results = self._batch.results
         if self._live is not None:  # extents on drives out of service were not read: EIO
