@@ -256,6 +256,12 @@ class NativeGetHandle:
     def done(self) -> bool:
         return self._failed or self._batch is None or self._batch.done
 
+    @property
+    def reads_back(self) -> bool:
+        """Whether every read of the batch has completed: here, as each read is verified when it is
+        taken in, the same as ``done``."""
+        return self.done
+
     def poll(self) -> bool:
         if not self.done:
             self._store.native.poll(0)
