@@ -235,7 +235,7 @@ HOW_RUN = ("both tiers under vLLM's TieringOffloadingManager with kvswarm's CPU 
 
 
 def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, devices: list[str], console) -> dict:
-    io0 = disk_io(devices)
+    io0, load0 = disk_io(devices), os.getloadavg()
     parts = []
     if cfg.restart:
         for i, ph in enumerate(phases):
@@ -248,6 +248,7 @@ def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, de
     per_drive = [{"read_bytes": b[0] - a[0], "written_bytes": b[1] - a[1]} for a, b in zip(io0, io1)]
     phase_runs = [p for part in parts for p in part["phases"]]
     out = {"config": cfg.name, "restart": cfg.restart, "drives": cfg.drives, "per_drive": per_drive,
+           "load_avg": [load0, os.getloadavg()],
            "engine_start_s": [p["engine_start_s"] for p in parts],
            "prefill_tokens_per_s": parts[0]["prefill_tokens_per_s"], "phases": phase_runs}
     m = metrics([r for p in phase_runs for r in p["requests"]], sum(p["replay_s"] for p in phase_runs))
@@ -332,6 +333,7 @@ def summarize(r: dict) -> dict:
         second = run["phases"][-1]["requests"]
         m["second_half_ttft_p90_s"] = pct([q["ttft_s"] for q in second], 90)
         m["second_half_ttft_p50_s"] = pct([q["ttft_s"] for q in second], 50)
+        m["load_avg_1min"] = [run["load_avg"][0][0], run["load_avg"][1][0]]
         s[label] = m
     s["wrong_outputs"] = wrong
     kv, fs, none = s.get("kvswarm_4drives"), s.get("fs_1drive"), s["no_offload"]
@@ -376,7 +378,9 @@ def report(r: dict, console) -> None:
             console.print(f"{k}: {s[k]:.3f}" if isinstance(s[k], float) else f"{k}: {s[k]}")
     if "testbed" in r:
         console.print(f"drives: {r['testbed']['emulation']} emulation, caps {r['testbed']['caps']}")
-    console.print(f"load average: start {r['load_avg_start']}, end {r['load_avg_end']}")
+    console.print(f"load average: start {r['load_avg_start']}, end {r['load_avg_end']}; per configuration (1 min, "
+                  "start/end): " + ", ".join(f"{k} {v['load_avg'][0][0]:.1f}/{v['load_avg'][1][0]:.1f}"
+                                             for k, v in r["runs"].items()))
 
 
 def plot(r: dict, path: str) -> None:

@@ -219,6 +219,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                  recompute_tokens_per_s: float | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.load_policy = make_load_policy(load_policy, recompute_tokens_per_s)  # first: a bad one opens nothing
         # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
         # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
         region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
@@ -267,7 +268,6 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._healthy = self.store.num_drives  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
-        self.load_policy = make_load_policy(load_policy, recompute_tokens_per_s)
         self._chunk_tokens = self.layout.tokens_per_block
         # Load bytes queued: submitted (scheduler thread) minus finished (driver thread), each written by one thread.
         self._load_bytes_submitted = 0
