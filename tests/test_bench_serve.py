@@ -1,6 +1,7 @@
 """`kvswarm bench serve --smoke`: the real vLLM CPU engine replays a dozen requests of the Mooncake
-trace with no offload, and with vLLM's fs tier and kvswarm's tier on four throttled drives, each
-restarted half-way; every configuration's greedy outputs equal the no-offload run's.  (Figures are
+trace with no offload and with kvswarm's tier on four throttled drives, restarted half-way (three
+engine starts: CI's time; `--smoke` alone adds vLLM's fs tier, restarted too); the greedy outputs of
+both configurations are identical.  (Figures are
 the benchmark's business: only what must hold is asserted.)"""
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ def test_smoke_serves_the_trace_with_identical_outputs_in_every_configuration(tm
         pytest.skip("no .venv-vllm: run scripts/setup-vllm.sh")
     out, small = tmp_path / "serve.json", tmp_path / "small.json"
     proc = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "kvswarm.cli", "bench", "serve", "--smoke",
-                           "--json", str(out), "--summary", str(small), "--dir", str(tmp_path)],
+                           "--configs", "no_offload,kvswarm_4drives", "--json", str(out), "--summary", str(small),
+                           "--dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     r = json.loads(out.read_text())
     s = r["summary"]
-    assert set(r["runs"]) == {"no_offload", "fs_1drive_restart", "kvswarm_4drives_restart"}
+    assert set(r["runs"]) == {"no_offload", "kvswarm_4drives_restart"}
     ref = {q["rid"]: q["tokens"] for p in r["runs"]["no_offload"]["phases"] for q in p["requests"]}
     assert len(ref) == r["requests"] and all(ref.values())
     for label, run in r["runs"].items():
@@ -37,7 +39,7 @@ def test_smoke_serves_the_trace_with_identical_outputs_in_every_configuration(tm
         assert s[label]["wrong_outputs"] == 0
         assert len(run["phases"]) == 2 and s[label]["ttft_p90_s"] > 0
     assert s["wrong_outputs"] == 0
-    assert s["ttft_p90_ratio_after_restart_vs_fs"] > 0
+    assert s["ttft_p90_ratio_after_restart_vs_no_offload"] > 0
     # The restarted kvswarm engine found blocks the first engine stored on its drives.
     after = r["runs"]["kvswarm_4drives_restart"]["phases"][1]["tiers"][0]
     assert after["lookup_hits"] > 0 and after["loaded_blocks"] > 0

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                      "scaling": scale.as_dict(), "scaling_text": scale.describe(), "engine": engine,
                      "cpu_tier_bytes": CPU_TIER_TOKENS * kv_bytes_per_token, "requests": len(requests),
                      "prompt_tokens": tokens, "trace_reuse": reuse(requests), "load_policy": args.load_policy,
-                     "drive_bytes": drive_bytes, "runs": {}}
+                     "drive_bytes": drive_bytes, "second_half_at_s": t_half, "runs": {}}
     console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
                   f"{tokens} prompt tokens, block reuse {results['trace_reuse']:.2f}; engine {engine}")
     results["load_avg_start"] = os.getloadavg()
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace) -> int:
     results["load_avg_end"] = os.getloadavg()
     rc = finish(results, summarize, report, console, args.json, plot)
     if args.summary:
-        write_summary(args.summary, "kvswarm bench serve" + (f" --{scale_of(args)}" if scale_of(args) != "full" else ""),
-                      settings(results), results["summary"])
+        flag = "" if scale_of(args) == "full" else f" --{scale_of(args)}"
+        write_summary(args.summary, "kvswarm bench serve" + flag, settings(results), results["summary"])
         console.print(f"wrote {args.summary}")
     return rc
 
@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
 def settings(r: dict) -> dict:
     return {k: r[k] for k in ("scale", "scaling", "scaling_text", "engine", "cpu_tier_bytes", "requests",
                               "prompt_tokens", "trace_reuse", "load_policy", "drive_bytes",
-                              "recompute_tokens_per_s", "testbed", "how_run", "load_avg_start", "load_avg_end")
+                              "recompute_tokens_per_s", "second_half_at_s", "testbed", "how_run", "load_avg_start",
+                              "load_avg_end")
             if k in r} | {"cpus": os.cpu_count()}
 
 
@@ -390,22 +391,20 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
+    boundary = r["second_half_at_s"]
     for ax, restart in zip(axes, (False, True)):
         for label, run in r["runs"].items():
             if run["restart"] != restart and run["config"] != "no_offload":
                 continue
-            xs, ys, offset = [], [], 0.0
-            for i, p in enumerate(run["phases"]):
-                for q in sorted(p["requests"], key=lambda q: q["arrival_s"]):
-                    xs.append(offset + q["arrival_s"])
-                    ys.append(q["ttft_s"])
-                offset += p["replay_s"]
-                if i == 0:
-                    boundary = offset
-            ax.plot(xs, ys, ".-", label=label, alpha=0.8)
+            xs, ys = [], []
+            for i, p in enumerate(run["phases"]):  # on the trace's arrival schedule: the same x in every run
+                xs += [q["arrival_s"] + (boundary if i else 0.0) for q in p["requests"]]
+                ys += [q["ttft_s"] for q in p["requests"]]
+            order = np.argsort(xs, kind="stable")
+            ax.plot(np.asarray(xs)[order], np.asarray(ys)[order], ".-", label=label, alpha=0.8)
         ax.axvline(boundary, color="k", ls="--", lw=1)
         ax.text(boundary, ax.get_ylim()[1] * 0.95, " restart" if restart else " half-way", fontsize=8)
-        ax.set_xlabel("replay time, s (arrival of each request)")
+        ax.set_xlabel("arrival time, s (replayed trace; the second half's clock starts at the dashed line)")
         ax.set_title("engine restarted half-way" if restart else "one engine throughout")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("TTFT, s")
