@@ -8,7 +8,8 @@ import stat
 import numpy as np
 import pytest
 
-import kvswarm.store as store_mod
+import kvswarm.store.store as store_store
+import kvswarm.store.verify as store_verify
 from kvswarm import DriveError, DriveFull, FlushError, KVStore, KVSwarmError, UnalignedBuffer
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
@@ -29,11 +30,9 @@ def backend(request):
 def verifier(request, monkeypatch):
     """Every test runs with the native verify worker and with the pure-Python checks (a build
     without a C compiler); the native one must have been built."""
-    import kvswarm.store
-
-    assert kvswarm.store.verify_submit is not None, "kvswarm._verify was not built"
+    assert store_verify.verify_submit is not None, "kvswarm.store._verify was not built"
     if request.param == "python":
-        monkeypatch.setattr(kvswarm.store, "verify_submit", None)
+        monkeypatch.setattr(store_verify, "verify_submit", None)
     return request.param
 
 
@@ -283,7 +282,7 @@ def test_reads_into_caller_buffers_are_verified(backend, overwrite, job_bytes, m
     """A corrupt payload or a header that no longer matches is a counted miss, and the caller's
     buffer is left as it was: never a hit with wrong bytes.  Also with a batch verified as one
     native job per payload (``job_bytes`` 8192)."""
-    monkeypatch.setattr(store_mod, "VERIFY_JOB_BYTES", job_bytes)
+    monkeypatch.setattr(store_verify, "VERIFY_JOB_BYTES", job_bytes)
     paths = drive_dirs(1)
     with _open(paths, backend) as s:
         items = [(b"v%d" % i, _payload(b"v%d" % i, 8192)) for i in range(4)]
@@ -843,7 +842,7 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, st
     """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
     that batch's buffers for good: they go back once none of its reads can still land there."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
-        obj, name = {"engine": (s.engine, "wait"), "verify": (s, "_check_get"), "finish": (s, "_finish_get")}[stage]
+        obj, name = {"engine": (s.engine, "wait"), "verify": (store_store, "check_batch"), "finish": (s, "_finish_get")}[stage]
         _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
         h = s.submit_get(KEYS8)
         with pytest.raises(OSError, match="injected"):

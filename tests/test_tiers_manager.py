@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -188,7 +189,7 @@ def test_real_io_error_drive_degrades(tmp_path):
         serve(tm, ks)
         tm.flush()
         ssd = tm.stores[Tier.SSD]
-        ssd.config.error_threshold = 1
+        ssd.config = dataclasses.replace(ssd.config, error_threshold=1)
         bad = ssd.drives[1]
         os.close(bad.fd)
         bad.fd = ssd.engine.fds[1] = os.open(bad.path, os.O_RDONLY)  # a directory: every pread fails EISDIR
@@ -293,7 +294,7 @@ def test_warm_restart_finds_every_flushed_block(tmp_path):
 
 def test_prefix_larger_than_read_buffers_is_cut_not_crashed(tmp_path):
     cfg = pool(tmp_path, "ssd", 2, 8)
-    cfg.buffer_pool_bytes = 4 * 4096  # room for 4 blocks in flight
+    cfg = dataclasses.replace(cfg, buffer_pool_bytes=4 * 4096)  # room for 4 blocks in flight
     with TierManager(TierConfig(block_bytes=BLOCK, dram_bytes=0, ssd=cfg, chunk_blocks=2)) as tm:
         ks = keys_of(0, 8)
         serve(tm, ks)

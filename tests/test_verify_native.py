@@ -1,11 +1,11 @@
-"""The native verify worker (kvswarm._verify) on its own: checksums, copies, bounds, waiting."""
+"""The native verify worker (kvswarm.store._verify) on its own: checksums, copies, bounds, waiting."""
 
 import os
 
 import numpy as np
 import pytest
 import xxhash
-from kvswarm._verify import assist, drain, submit
+from kvswarm.store._verify import assist, drain, submit
 
 L, SPAN = 8192, 12288
 
@@ -216,7 +216,7 @@ def test_any_number_of_workers_gives_the_same_outcome(threads):
 
     code = (
         "import numpy as np, xxhash\n"
-        "from kvswarm._verify import submit, drain\n"
+        "from kvswarm.store._verify import submit, drain\n"
         "rng = np.random.default_rng(3); src = rng.integers(0, 256, 40 * 12288, np.uint8)\n"
         "offs = np.arange(40, dtype=np.int64) * 12288; lens = np.full(40, 8192, np.int64)\n"
         "sums = np.array([xxhash.xxh3_64_intdigest(src[o:o + 8192]) for o in offs], np.uint64); sums[::7] ^= 1\n"

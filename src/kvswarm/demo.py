@@ -203,7 +203,7 @@ def _run_on_drives(args, lm, doc, kv, pf, ref, prof, pro, steps, clusters, layou
 
     for name, block, make in (("token top-k", 1, lambda: make_selector("oracle")),
                               ("fixed blocks", 16, lambda: make_selector("blocks", block_tokens=16))):
-        blays = [plan_layout(contiguous(prof.off, block), len(store.drives), lay.entry_bytes, mode="raid0")
+        blays = [plan_layout(contiguous(prof.off, block), store.num_drives, lay.entry_bytes, mode="raid0")
                  for _ in range(lay.num_layers)]
         bseq = SwarmSequence.create(store, kv, doc.prompt_ids, lay, blays, sinks=SINKS, window=args.window,
                                     model=model, seq_id=f"demo/{name}".encode())
@@ -211,7 +211,7 @@ def _run_on_drives(args, lm, doc, kv, pf, ref, prof, pro, steps, clusters, layou
                               _built(make(), bseq, lay.num_layers), b, prof, eval_steps, tb)
                       for b in BASELINE_BUDGETS]
     kvp = rows["kvswarm"][0]
-    t = Table(title=f"I/O per decode step after the profile ({steps} steps, {len(store.drives)} drives, same DRAM "
+    t = Table(title=f"I/O per decode step after the profile ({steps} steps, {store.num_drives} drives, same DRAM "
                     f"and preload, every entry fetched attended, throttle credit drained)")
     for c in ("layout and retrieval", "budget", "I/O ms/step", "MB/step", "reads/step", "DRAM hit", "recall"):
         t.add_column(c, justify="right")

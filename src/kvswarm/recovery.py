@@ -24,7 +24,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import xxhash
 
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry
 from kvswarm.drive import DATA_FILE, SUPERBLOCK, parse_superblock
@@ -32,13 +31,11 @@ from kvswarm.errors import ConfigError, KVSwarmError, MetadataError
 from kvswarm.format import (
     ALIGN,
     FLAG_SECTOR_PAYLOAD,
-    HEADER_BODY,
     HEADER_SIZE,
-    HEADER_TAIL,
-    MAGIC,
     PAYLOAD_CHECKSUM,
-    VERSION,
     extent_size,
+    header_candidates,
+    parse_header,
     payload_offset,
 )
 from kvswarm.store import MANIFEST, WRITER_LOCK, write_manifest
@@ -136,17 +133,14 @@ def _scan_drive(index: int, path: str, unit: list[int], found: list[tuple], want
                 break
             if not chunk:
                 break
-            sectors = np.frombuffer(chunk, np.uint8).reshape(-1, ALIGN)
-            heads = sectors[:, :8].copy().view("<u4")
-            cand = np.flatnonzero((heads[:, 0] == MAGIC) & ((heads[:, 1] & 0xFFFF) == VERSION))
-            for i in cand.tolist():
+            for i in header_candidates(np.frombuffer(chunk, np.uint8).reshape(-1, ALIGN)).tolist():
                 off = pos + i * ALIGN
                 if off < nxt:
                     continue
-                h = bytes(chunk[i * ALIGN:i * ALIGN + HEADER_SIZE])
-                if xxhash.xxh32_intdigest(h[:HEADER_BODY.size]) != HEADER_TAIL.unpack_from(h, HEADER_BODY.size)[0]:
+                h = parse_header(chunk[i * ALIGN:i * ALIGN + HEADER_SIZE])
+                if h is None:
                     continue
-                _, _, flags, digest, plen, part, parts, gen, csum, _ = HEADER_BODY.unpack_from(h)
+                flags, digest, plen, part, parts, gen, csum = h
                 pp = _part_payload(fd, off, plen, part, parts, csum, unit)
                 if pp is None or pp < 0 or bool(flags & FLAG_SECTOR_PAYLOAD) != (payload_offset(pp) == ALIGN):
                     continue  # a header of another stripe unit, or inconsistent: not usable

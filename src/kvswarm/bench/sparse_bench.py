@@ -126,7 +126,7 @@ class ConfigRun:
         t = self.cache.totals()
         n = max(1, self.done)
         wall = sum(self.out.step_s) - (self.auditor.seconds if self.auditor else 0.0)
-        per_drive = self.per_drive if self.per_drive is not None else [[0, 0]] * len(self.store.drives)
+        per_drive = self.per_drive if self.per_drive is not None else [[0, 0]] * self.store.num_drives
         read_bytes = int(sum(d[1] for d in per_drive))
         st = self.auditor.stats if self.auditor and self.auditor.stats.recall else None
         sel = self.selector

@@ -214,10 +214,7 @@ class Bench:
 
     def extents(self, tier) -> list[tuple[int, int]]:
         """Each block's one extent in kvswarm's tier, as (drive, offset)."""
-        from kvswarm.format import key_digest
-
-        entries = tier.store.catalog.entries
-        return [entries[key_digest(tier.keyspace.key(k))].extents[0][:2] for k in self.keys]
+        return [e.extents[0][:2] for e in tier.store.locate([tier.keyspace.key(k) for k in self.keys])]
 
     def deliverer(self, extents: list[tuple[int, int]]) -> Callable[[tuple[int, int], memoryview], None]:
         """For the raw + delivery reference: copies the block in a buffer read from kvswarm's extent
@@ -378,7 +375,7 @@ class RawCeiling:
                  requests: Sequence[Sequence[tuple[int, int]]] = (),
                  land: Callable[[], contextlib.AbstractContextManager[Callable[[tuple[int, int]], memoryview]]]
                  | None = None) -> None:
-        exts = sorted(x[:3] for e in store.catalog.entries.values() for x in e.extents)
+        exts = sorted(x[:3] for _, e in store.entries_oldest_first() for x in e.extents)
         sizes = {x[2] for x in exts}
         assert len(sizes) == 1, "one extent size per tier"
         self.size = sizes.pop()

@@ -19,7 +19,7 @@ import numpy as np
 
 from kvswarm.catalog import CHECKPOINT, JOURNAL
 from kvswarm.drive import DATA_FILE
-from kvswarm.format import ALIGN, HEADER_BODY, HEADER_SIZE, MAGIC, extent_size, payload_offset
+from kvswarm.format import ALIGN, HEADER_SIZE, extent_size, header_candidates, header_fields, payload_offset
 from kvswarm.store import MANIFEST
 
 JOURNAL_HEADER = 16  # magic, epoch (docs/format.md)
@@ -59,11 +59,9 @@ def extents(layout: Layout) -> list[ExtentAt]:
             continue
         raw = np.fromfile(path, np.uint8)
         n = len(raw) // ALIGN
-        starts = raw[: n * ALIGN].reshape(n, ALIGN)[:, :4].copy().view("<u4").ravel()
-        starts[0] = 0  # block 0 is the superblock
-        for blk in np.flatnonzero(starts == MAGIC).tolist():
-            fields = HEADER_BODY.unpack_from(raw, blk * ALIGN)
-            out.append(ExtentAt(path, blk * ALIGN, fields[4]))
+        for blk in header_candidates(raw[: n * ALIGN].reshape(n, ALIGN)).tolist():
+            if blk:  # block 0 is the superblock
+                out.append(ExtentAt(path, blk * ALIGN, header_fields(raw, blk * ALIGN).payload_len))
     return out
 
 

@@ -1,4 +1,4 @@
-/* kvswarm._verify: verify a read batch's payloads and copy the good ones into the caller's
+/* kvswarm.store._verify: verify a read batch's payloads and copy the good ones into the caller's
  * buffers, on native worker threads that never take the GIL.
  *
  * Why native, and why threads of its own: per payload, xxhash and numpy each release and retake
@@ -253,7 +253,7 @@ static PyMethodDef job_methods[] = {
 
 static PyTypeObject JobType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "kvswarm._verify.Job",
+    .tp_name = "kvswarm.store._verify.Job",
     .tp_basicsize = sizeof(Job),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "one batch handed to the verify worker; ok and the caller's buffers are final once done",

@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class Workload:
+class BatchedGets:
     """A data set and a stream of batched random gets over it; the first ``warmup`` batches are run
     but not timed (they warm the engine and the buffer pool)."""
 
@@ -82,13 +82,13 @@ class Workload:
     warmup: int = 2
 
 
-def make_workload(prefix: str, extent_kib: int, batch: int, batches: int, rng: random.Random) -> Workload:
+def make_batched_gets(prefix: str, extent_kib: int, batch: int, batches: int, rng: random.Random) -> BatchedGets:
     """``batches`` timed batches of ``batch`` random keys over a data set of 64 MiB or 8 batches."""
     payload = extent_kib * KiB - HEADER_SIZE
     n_obj = max(8 * batch, 64 * MiB // (extent_kib * KiB))
     keys = [f"{prefix}/{i}".encode() for i in range(n_obj)]
     stream = [Request("get", tuple(rng.sample(keys, batch))) for _ in range(2 + batches)]
-    return Workload([(key, payload) for key in keys], stream)
+    return BatchedGets([(key, payload) for key in keys], stream)
 
 
 def _engine_depth(store) -> int:
@@ -97,7 +97,7 @@ def _engine_depth(store) -> int:
         or store.config.queue_depth
 
 
-def run_store(directory: str, wl: Workload, backend: str, placement: str, rounds: int) -> tuple[dict, int]:
+def run_store(directory: str, wl: BatchedGets, backend: str, placement: str, rounds: int) -> tuple[dict, int]:
     """A KVStore on one directory of the disk under test writes the data set, warms up, then times
     the stream ``rounds`` times; the median round (by throughput) is kept."""
     from kvswarm.store import KVStore, StoreConfig
@@ -138,7 +138,7 @@ def _drop_caches() -> None:
 
 
 def simulate_store(drive: DriveSpec, cost: HostCost, depth: int, backend: str, placement: str,
-                   wl: Workload) -> tuple[dict, float]:
+                   wl: BatchedGets) -> tuple[dict, float]:
     """The simulator's answer to :func:`run_store`, and its CPU utilisation over the timed stream."""
     total = sum(n for _, n in wl.items)
     model = SystemModel([drive], capacity_per_drive=(2 * total // MiB + 64) * MiB, engine_depth=depth,
@@ -227,7 +227,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         disk.close()
     stores = []
     for kib in args.object_kib:
-        wl = make_workload(f"val-{kib}", kib, args.batch, batches, rng)
+        wl = make_batched_gets(f"val-{kib}", kib, args.batch, batches, rng)
         with console.status(f"the store: batches of {args.batch} x {kib} KiB objects"):
             m, depth = run_store(directory, wl, args.backend, args.placement, rounds)
         s, cpu_util = simulate_store(model, cost, depth, args.backend, args.placement, wl)

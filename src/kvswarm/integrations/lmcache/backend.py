@@ -144,11 +144,11 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                                          backend=s.io_backend, queue_depth=s.queue_depth,
                                          stripe_unit=max(1 << 20, extent_size(chunk_bytes)),
                                          buffer_pool_bytes=s.buffer_pool_bytes))
-        self.store.pool.populate()  # at start-up, not in the first store
+        self.store.warm_buffers()  # at start-up, not in the first store
         self._lock = threading.Lock()  # the in-flight set and pins
         self._inflight: set[bytes] = set()  # store keys queued or being written
         self._pins: Counter[bytes] = Counter()
-        self._healthy = len(self.store.drives)  # healthy drives when unreadable chunks were last dropped
+        self._healthy = self.store.num_drives  # healthy drives when unreadable chunks were last dropped
         self._dropping = threading.Lock()
         self._puts: queue.SimpleQueue[_PutJob | None] = queue.SimpleQueue()
         self._closing = threading.Event()
@@ -171,10 +171,10 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
     def _check_drives(self) -> None:
         """Once a drive has failed, forget the chunks with an extent on it (journaled), so lookups miss
         on them rather than LMCache scheduling reads that fail."""
-        if sum(d.healthy for d in self.store.drives) == self._healthy:
+        if sum(self.store.drive_health()) == self._healthy:
             return
         with self._dropping:
-            healthy = sum(d.healthy for d in self.store.drives)
+            healthy = sum(self.store.drive_health())
             if healthy == self._healthy:
                 return
             self._healthy = healthy
@@ -184,7 +184,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                 log.error("kvswarm LMCache plugin: dropping the chunks on a failed drive failed: %s", e)
                 return
         log.warning("kvswarm LMCache plugin: %d of %d drives healthy; forgot the %d chunks on the failed ones",
-                    healthy, len(self.store.drives), len(dropped))
+                    healthy, self.store.num_drives, len(dropped))
 
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         return self.batched_contains([key], pin) == 1
@@ -319,7 +319,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
             return
         except FlushError as e:
             log.error("kvswarm LMCache plugin: %s", e)
-            lost = {d.index for d in self.store.drives if not d.healthy}
+            lost = set(self.store.failed_drives())
         except (KVSwarmError, OSError) as e:
             log.error("kvswarm LMCache plugin: flush failed: %s", e)
             lost = None
@@ -337,7 +337,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         its outcome, in order.  A batch the pool has no room for (other threads' leases) waits for
         this call's earlier batch, else is halved, else (one object) waits up to ROOM_WAIT_S for room,
         else fails."""
-        cap = max(1, self.store.pool.capacity // 2)
+        cap = max(1, self.store.buffer_bytes // 2)
         todo: list[tuple[int, int]] = []
         a, acc = 0, 0
         for i, c in enumerate(costs):
@@ -416,7 +416,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         try:
             self._batches([0 if _in_place(b) else self.store.object_bytes(len(b)) for b in bufs],
                           lambda a, b: self.store.submit_get([sk for _, sk, _ in want[a:b]], bufs[a:b], in_place=True),
-                          finish, per_batch=len(self.store.drives), in_flight=READS_IN_FLIGHT)
+                          finish, per_batch=self.store.num_drives, in_flight=READS_IN_FLIGHT)
         except Exception:  # the chunks of the batches not read go back to LMCache's allocator, as misses
             log.exception("kvswarm LMCache plugin: a read of %d chunks failed", len(want))
             for (_, _, obj), done in zip(want, settled):

@@ -381,7 +381,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         if not self.store.warm_buffers():
             log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
         if verify_submit is None:
-            log.warning("kvswarm tier: kvswarm._verify was not built (no C compiler at install): payloads are "
+            log.warning("kvswarm tier: kvswarm.store._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
         active: list[_Job] = []
         unflushed: list[_Job] = []

@@ -1,14 +1,13 @@
-"""KVStore: objects striped over a set of drives, verified on every read, durable on flush.
+"""KVStore and its handles: open, put, get, flush, delete, health, poll.
 
 Reads and writes are batched and asynchronous: ``submit_get`` / ``submit_put`` return a
 handle at once; ``poll()`` / ``wait()`` on it drive completions.  ``get_many`` and
 ``put_many`` are the blocking forms.  A read whose header or checksum does not match
-is a counted miss, never data.
+is a counted miss, never data (the checks: :mod:`kvswarm.store.verify`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import errno
@@ -21,12 +20,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, KeysView, Sequence
+from collections.abc import Iterable, Iterator, KeysView, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-from xxhash import xxh32_intdigest
 
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
@@ -42,89 +40,31 @@ from kvswarm.errors import (
 )
 from kvswarm.format import (
     ALIGN,
-    FLAG_SECTOR_PAYLOAD,
-    HEADER_BODY,
-    HEADER_BODY_DTYPE,
     HEADER_SIZE,
-    HEADER_TAIL,
     KEY_DIGEST,
-    MAGIC,
     PAYLOAD_CHECKSUM,
-    RESERVED,
-    VERSION,
     extent_size,
     key_digest,
+    pack_header,
     payload_offset,
     sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
-from kvswarm.placement import DriveView, PlacementStrategy, make_placement
-
-try:  # the native verify-and-copy worker (kvswarm/native/verify.c), where the build compiled it
-    from kvswarm._verify import assist as verify_assist
-    from kvswarm._verify import drain as _drain_verify
-    from kvswarm._verify import submit as verify_submit
-
-    atexit.register(_drain_verify)  # no job may still be reading the pool while the interpreter frees it
-except ImportError:
-    verify_submit = None
+from kvswarm.placement import DriveView, make_placement
+from kvswarm.store import verify
+from kvswarm.store.config import StoreConfig
+from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of
+from kvswarm.store.verify import Check, Reads, check_batch, hand_over
 
 log = logging.getLogger(__name__)
-VERIFY_JOB_BYTES = 4 << 20  # payload bytes per native verify job (see _check_get)
 SETTLE_S = 5.0  # how long a failed batch's I/O is waited for before its buffers are quarantined
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
-_HEADER_COLS = np.arange(HEADER_BODY.size)  # byte columns of the header a read compares
 MANIFEST = "store.json"
 WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
-GiB = 1 << 30
 MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
 MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
-
-
-@dataclass
-class StoreConfig:
-    drives: list[str]
-    meta_dir: str | None = None  # catalog + manifest; default: the first drive that is a directory
-    capacity_per_drive: int = 1 * GiB  # size of the data file created in a directory drive
-    backend: str = "threads"  # "threads", "uring" or "auto" (see kvswarm.io.make_engine)
-    queue_depth: int = 32  # per drive
-    stripe_unit: int = 1 << 20  # largest extent on disk; bigger objects are split and striped
-    placement: str | PlacementStrategy = "round_robin"
-    buffer_pool_bytes: int = 256 << 20
-    create: bool = True
-    checkpoint_every: int = 500_000
-    drive_kinds: list[str] | None = None  # per drive class (ssd / hdd / remote), default all ssd
-    error_threshold: int = 8  # I/O errors after which a drive is taken out of service
-    # The store's I/O is driven from one thread only (a driver thread, a benchmark loop): lets the
-    # io_uring engine leave completions until that thread next enters the kernel (less CPU).
-    single_thread_io: bool = False
-    # Read another process's store (its one writer keeps it): nothing is written, not even the
-    # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
-    follow: bool = False
-    # Wraps the I/O engine before any drive is attached, e.g. a testbed's user-space drive pacing
-    # (kvswarm.io.throttle.ThrottledEngine): the store's code path stays the production one.
-    wrap_engine: Callable[[IOEngine], IOEngine] | None = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        """Values that cannot work are refused here, before anything is opened or written."""
-        if isinstance(self.drives, (str, bytes)) or not self.drives:
-            raise ConfigError("a store needs a list of at least one drive path")
-        if len(set(map(os.path.abspath, self.drives))) != len(self.drives):
-            raise ConfigError(f"a drive path appears twice in {self.drives}")
-        for name, low in (("queue_depth", 1), ("stripe_unit", ALIGN), ("buffer_pool_bytes", ALIGN),
-                          ("capacity_per_drive", 2 * ALIGN), ("checkpoint_every", 1), ("error_threshold", 1)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ConfigError(f"StoreConfig.{name} must be an integer >= {low}, not {v!r}")
-        if self.stripe_unit % ALIGN or self.capacity_per_drive % ALIGN:
-            raise ConfigError(f"stripe_unit ({self.stripe_unit}) and capacity_per_drive "
-                              f"({self.capacity_per_drive}) must be multiples of 4 KiB")
-        if self.backend not in ("threads", "uring", "auto"):
-            raise ConfigError(f"unknown I/O backend {self.backend!r}: use 'threads', 'uring' or 'auto'")
-        if self.drive_kinds is not None and len(self.drive_kinds) != len(self.drives):
-            raise ConfigError("drive_kinds must name one class per drive")
 
 
 def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stripe_unit: int) -> None:
@@ -217,10 +157,10 @@ class GetHandle(_Handle):
     """
 
     def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
-                 reads: _Reads, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
+                 reads: Reads, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
         self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
         self._batch, self._live, self._lease = batch, live, lease
-        self._check: _Check | None = None
+        self._check: Check | None = None
         self._checking = False
         self._result: GetResult | None = None
         self._failed = False
@@ -240,7 +180,7 @@ class GetHandle(_Handle):
             for i, r in zip(self._live, results):
                 full[i] = r
             results = full
-        self._check = self._store._check_get(self._ext, self._reads, results, self._lease)
+        self._check = check_batch(self._store.pool.array, self._ext, self._reads, results, self._lease)
         self._checking = True
         if self._check is not None and self._check.jobs:
             # Finished jobs leave here too, not only in progress(): callers that only wait() on their
@@ -259,7 +199,7 @@ class GetHandle(_Handle):
                 if not self._checking:
                     self._start_check()
                 if self._check is not None and self._check.jobs:
-                    while not self._check.done and verify_assist():  # this thread would only wait
+                    while not self._check.done and verify.verify_assist():  # this thread would only wait
                         pass
                     for job in self._check.jobs:
                         job.wait()
@@ -282,83 +222,14 @@ class GetHandle(_Handle):
             self._store._abandoned.append(self._remains())
 
 
-class Runs(NamedTuple):
-    """An object's bytes as runs of one buffer, in order: ``base[off[k]:off[k] + lens[k]]`` (an
-    engine's page in its KV pool).  A few arrays per object rather than a Python object per run:
-    SGLang's process holds millions of objects, and a thousand runs per call set off full garbage
-    collections that stalled its restores 300 ms every third call."""
-
-    base: memoryview
-    off: np.ndarray  # int64
-    lens: np.ndarray  # int64
-
-
-Bufs = memoryview | Runs  # one buffer, or runs an object spans in order
-
-
-@dataclass(slots=True)
-class _Check:
-    """A batch under verification (see KVStore._check_get); ``ok`` and the caller's buffers in
-    ``dst`` are final once its ``jobs`` (the native worker's, if any) are done."""
-
-    results: Sequence[int | None]  # per extent: bytes read or -errno
-    io_ok: np.ndarray
-    ok: np.ndarray  # per extent: read in full, header and payload as the catalog says
-    single: bool  # one extent per object
-    at: np.ndarray  # per extent: where its payload lies in the pool
-    payloads: list[memoryview]
-    dst: list[Bufs | None] | None  # per object, the caller's buffer the worker copies its verified extents into
-    jobs: tuple  # kvswarm._verify.Job, each for a run of the extents
-    in_place: tuple[np.ndarray, np.ndarray] | None = None  # extents read into the caller's buffers, and their outcome
-
-    @property
-    def done(self) -> bool:
-        return all(job.done for job in self.jobs)
-
-    def outcome(self) -> np.ndarray:
-        """``ok``, once the jobs are done: every extent read in full and verified."""
-        if self.in_place is not None:
-            idx, got = self.in_place
-            self.ok[idx] = got
-            self.in_place = None
-        return self.ok
-
-
-@dataclass(slots=True)
-class _Reads:
-    """How a batch's extents were read: where each starts in the lease, and the caller's
-    buffers that verified payloads are copied into."""
-
-    starts: np.ndarray
-    into: list[Bufs | None] | None = None  # per located object, the caller's buffer (or runs)
-    direct: np.ndarray | None = None  # per extent: its payload was read straight into the caller's buffer
-
-
 class _Abandoned(NamedTuple):
     """A batch nobody will finish (its wait() raised, or its handle was dropped): its buffers, and a
     put's extents, are reused only once its I/Os and verify jobs are over (see KVStore._reclaim)."""
 
     batch: Batch | ReadBatch
-    jobs: tuple  # kvswarm._verify.Job
+    jobs: tuple  # kvswarm.store._verify.Job
     lease: Lease | None
     extents: list[Entry]  # a put's objects, never in the catalog
-
-
-def _as_bufs(obj: object, into: bool = False) -> Bufs:
-    """An object's bytes (``into``: a buffer to read into) as one flat view, or its Runs.  Data in a
-    strided (non-contiguous) array is stored as a copy in C order; a strided buffer cannot be read into."""
-    if isinstance(obj, Runs):
-        return Runs(memoryview(obj.base).cast("B"), np.ascontiguousarray(obj.off, np.int64),
-                    np.ascontiguousarray(obj.lens, np.int64))  # the native worker reads them as C arrays
-    try:
-        mv = memoryview(obj)
-    except TypeError as e:
-        raise ConfigError(f"{type(obj).__name__} is not a bytes-like object") from e
-    if not mv.c_contiguous:
-        if into:
-            raise ConfigError("a buffer to read into must be contiguous")
-        mv = memoryview(mv.tobytes())
-    return mv.cast("B")
 
 
 def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
@@ -373,64 +244,6 @@ def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
         direct[i] = (isinstance(b, memoryview) and len(b) == lens[i] and not b.readonly
                      and ctypes.addressof(ctypes.c_char.from_buffer(b)) % ALIGN == 0)
     return direct
-
-
-def _verify_jobs(src: object, offs: np.ndarray, lens: np.ndarray, sums: np.ndarray, oks: np.ndarray,
-                 into: list[Bufs | None] | None) -> tuple:
-    """A batch's payloads handed to the native worker (``src`` None: each verified in its ``into``
-    buffer) as jobs of about VERIFY_JOB_BYTES each: a big batch (the last of a restore, or a lone
-    request's) is then verified by the worker and an assisting thread together."""
-    k = len(lens)
-    cuts = np.searchsorted(np.cumsum(lens), np.arange(VERIFY_JOB_BYTES, int(lens.sum()), VERIFY_JOB_BYTES),
-                           side="right").tolist()
-    return tuple(verify_submit(src, offs[a:b], lens[a:b], sums[a:b], oks[a:b], None if into is None else into[a:b])
-                 for a, b in zip([0, *cuts], [*cuts, k]) if b > a)
-
-
-def _bufs_len(d: Bufs) -> int:
-    return int(d.lens.sum()) if isinstance(d, Runs) else len(d)
-
-
-def _sized(into: list[Bufs | None], lengths: np.ndarray) -> list[Bufs | None]:
-    """The caller's buffers that fit their payloads exactly; None for the others."""
-    return [b if b is not None and _bufs_len(b) == n else None for b, n in zip(into, lengths.tolist())]
-
-
-def _part(d: Bufs, start: int, n: int) -> Bufs:
-    """Bytes [start, start + n) of an object's buffer or runs: one extent's share of it."""
-    if not isinstance(d, Runs):
-        return d[start:start + n]
-    ends = np.cumsum(d.lens)
-    n = min(n, int(ends[-1]) - start)  # like a slice, the last part may be short
-    first, last = int(np.searchsorted(ends, start, "right")), int(np.searchsorted(ends, start + n, "left"))
-    off, lens = d.off[first:last + 1].copy(), d.lens[first:last + 1].copy()
-    cut = start - int(ends[first] - d.lens[first])  # bytes of the first run before start
-    off[0] += cut
-    lens[0] -= cut
-    lens[-1] -= int(ends[last]) - (start + n)  # bytes of the last run after the end
-    return Runs(d.base, off, lens)
-
-
-def _runs_of(d: Bufs) -> Iterable[tuple[np.ndarray, int]]:
-    """``(uint8 array, length)`` of each run, in order."""
-    if isinstance(d, Runs):
-        base = np.frombuffer(d.base, np.uint8)
-        return ((base[o:o + n], n) for o, n in zip(d.off.tolist(), d.lens.tolist()))
-    return ((np.frombuffer(d, np.uint8), len(d)),)
-
-
-def _hand_over(views: list, found: list[int], good: list[int], into: list[Bufs | None],
-               dst: list[Bufs | None]) -> int:
-    """Point verified hits at the buffers the native pass copied them into; returns how many
-    hits become misses because their buffer's length differs."""
-    lost = 0
-    for i in good:
-        if dst[i] is not None:
-            views[found[i]] = dst[i]
-        elif into[i] is not None:
-            views[found[i]] = None
-            lost += 1
-    return lost
 
 
 class PutHandle(_Handle):
@@ -469,6 +282,46 @@ class PutHandle(_Handle):
 
 
 class KVStore:
+    """Objects (bytes keys -> bytes payloads) striped over a set of drives, verified on every read,
+    durable on :meth:`flush`.
+
+    **Submit, then poll.**  :meth:`submit_put` and :meth:`submit_get` queue one batch of I/O and
+    return a :class:`PutHandle` / :class:`GetHandle` at once; they block only to lease buffer pool
+    space (raising :class:`~kvswarm.buffers.BufferPoolExhausted` when a batch cannot have it) and,
+    for a put, when free space waits on a flush (:class:`~kvswarm.errors.DriveFull` when no drive
+    has room).  ``handle.done`` never makes a system call;
+    ``handle.poll()``, :meth:`poll` and :meth:`progress` take completions in; ``handle.wait()``
+    returns the outcome.  ``get_many`` / ``put_many`` / ``get`` / ``put`` are the blocking forms.
+
+    **What wait() gives and raises.**  ``PutHandle.wait()`` returns, per item, whether it is stored
+    (a failed write, a full or failed drive: ``False``, never an exception).  ``GetHandle.wait()``
+    returns a :class:`GetResult` whose misses are ``None``: a key not stored, or stored and read
+    back short, torn, corrupt or from a drive out of service (listed in ``GetResult.failed``).
+    Wrong bytes are never returned as data.  ``wait()`` raises only when the machinery fails (the
+    I/O engine or a verify pass raising, e.g. ``OSError``); the batch's buffers and extents then go
+    back to the pool once none of its I/O can still touch them, and waiting again raises
+    :class:`~kvswarm.errors.KVSwarmError`.  Operations on a closed store raise ``KVSwarmError``;
+    bad arguments raise :class:`~kvswarm.errors.ConfigError`.
+
+    **Buffers.**  A put copies its payloads into the store's pool before ``submit_put`` returns:
+    the caller may reuse them at once.  A ``GetResult``'s views lie in one pool lease and stay
+    valid until ``release()`` (or its ``with`` block ends); drop arrays made from them first.
+    ``into=`` buffers stay the caller's: a hit's verified payload is copied there (or, with
+    ``in_place=True``, read there directly); a miss leaves them as they were, except an
+    ``in_place`` buffer, which may then hold unverified bytes.
+
+    **Threads.**  Several threads may submit, poll and wait on one store at once; a handle is
+    finished by one thread.  Completions are taken in by whichever thread polls; the native
+    verify worker checks payloads off the GIL.  ``close()`` must not race other calls.
+
+    **Durability.**  An object is in the catalog once its put's ``wait()`` returned ``True``, and
+    survives a crash once a later :meth:`flush` has returned (fdatasync of the drives, then the
+    catalog's journal).  A drive that fails before then is named in the
+    :class:`~kvswarm.errors.FlushError` that ``flush()`` raises, and what was written to it since
+    the last flush is deleted.  One process writes a store (an ``flock``); others read it with
+    ``StoreConfig(follow=True)`` and :meth:`refresh`.
+    """
+
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
@@ -701,18 +554,18 @@ class KVStore:
         if hints is not None and len(hints) != len(items):
             raise ConfigError(f"{len(hints)} placement hints for {len(items)} items")
         unit = self.config.stripe_unit - HEADER_SIZE
-        mvs = [_as_bufs(data) for _, data in items]
+        mvs = [as_bufs(data) for _, data in items]
         for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
-            n = _bufs_len(mv)
+            n = bufs_len(mv)
             if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
                 raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
                                   f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
-        lease = self._lease(sum(self.object_bytes(_bufs_len(mv)) for mv in mvs))
+        lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
         mm, view, base = lease.view.obj, lease.view, lease.offset
         lease_arr = np.frombuffer(view, np.uint8)
-        body, tail, h32, h3, write = HEADER_BODY.pack, HEADER_TAIL.pack, xxh32_intdigest, PAYLOAD_CHECKSUM, Op.WRITE
+        header, h3, write = pack_header, PAYLOAD_CHECKSUM, Op.WRITE
         place = self.placement.place
         staged: list[tuple[bytes, Entry, int]] = []
         reqs: list[IORequest] = []
@@ -725,19 +578,19 @@ class KVStore:
             for j, ((key, _), mv) in enumerate(zip(items, mvs)):
                 digest = key_digest(key)
                 gen = gen0 + j
-                n = _bufs_len(mv)
+                n = bufs_len(mv)
                 parts = max(1, -(-n // unit))
                 targets = place(digest, parts, views, hints[j] if hints else None)
                 exts = []
                 for part in range(parts):
-                    chunk = _part(mv, part * unit, unit) if parts > 1 else mv
-                    c = _bufs_len(chunk)
+                    chunk = part_of(mv, part * unit, unit) if parts > 1 else mv
+                    c = bufs_len(chunk)
                     ext_len = extent_size(c)
                     a = base + pos
                     p = payload_offset(c)
                     if isinstance(chunk, Runs):
                         at = pos + p
-                        for run, m in _runs_of(chunk):
+                        for run, m in runs_of(chunk):
                             lease_arr[at:at + m] = run
                             at += m
                         chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
@@ -748,9 +601,7 @@ class KVStore:
                     if pad := ext_len - p - c:
                         mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
                     csum = h3(chunk)
-                    h = body(MAGIC, VERSION, FLAG_SECTOR_PAYLOAD if p > HEADER_SIZE else 0, digest, n, part, parts,
-                             gen, csum, RESERVED)
-                    mm[a:a + HEADER_SIZE] = h + tail(h32(h))
+                    mm[a:a + HEADER_SIZE] = header(digest, n, part, parts, gen, csum, p > HEADER_SIZE)
                     drv = targets[part]
                     off = allocs[drv].alloc(ext_len)
                     if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
@@ -945,12 +796,12 @@ class KVStore:
         if into is not None:
             if len(into) != len(digests):
                 raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
-            bufs_in = [None if into[i] is None else _as_bufs(into[i], True) for i in found]
-            if in_place and verify_submit is not None and len(span):
+            bufs_in = [None if into[i] is None else as_bufs(into[i], True) for i in found]
+            if in_place and verify.verify_submit is not None and len(span):
                 direct = _direct_reads(ext, bufs_in)
                 span[direct] = 0  # no pool space
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
-        reads = _Reads(starts, bufs_in, direct)
+        reads = Reads(starts, bufs_in, direct)
         nbytes = int(starts[-1] + span[-1]) if len(span) else 0
         lease = self._lease(nbytes) if nbytes else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
@@ -983,7 +834,7 @@ class KVStore:
         # The drives are idle: verify a queued batch on this thread rather than wait for the
         # worker.  A deep queue's last burst of reads then is verified on two cores, not one.
         with contextlib.suppress(IndexError):
-            if not v[0].done and not verify_assist():
+            if not v[0].done and not verify.verify_assist():
                 v[0].wait(timeout)
         return self._drop_verified()
 
@@ -1008,69 +859,8 @@ class KVStore:
             v = r.views[0]
             return bytes(v) if v is not None else None
 
-    def _check_get(self, ext: ExtentTable, reads: _Reads, results: Sequence[int | None],
-                   lease: Lease | None) -> _Check | None:
-        """Start verifying a batch whose reads are back, in a few array operations: each extent
-        must have read in full and its header must equal the one the catalog predicts (every
-        field, byte for byte), checked here; its payload must match the checksum, hashed per
-        extent by the native worker if there is one (which also copies each verified extent's
-        payload into its part of the caller's buffer), else here."""
-        if not len(ext.length):
-            return None
-        k, starts, pp, direct = len(ext.length), reads.starts, ext.part_payload, reads.direct
-        io_ok = np.array(results, np.int64) == (ext.length if direct is None else np.where(direct, pp, ext.length))
-        sector = sector_payload(pp)
-        want = np.zeros(k, HEADER_BODY_DTYPE)
-        want["magic"], want["version"] = MAGIC, VERSION
-        want["flags"] = sector * FLAG_SECTOR_PAYLOAD
-        single = len(ext.obj) == len(ext.rows)  # one extent per object: extents and rows line up
-        rows = ext.rows if single else ext.rows[ext.obj]
-        want["digest"], want["payload_len"], want["generation"] = rows["digest"], rows["payload_len"], \
-            rows["generation"]
-        want["part"], want["parts"], want["checksum"] = ext.part, ext.parts, ext.csum
-        at = (lease.offset if lease is not None else 0) + starts
-        hdr = want.view(np.uint8).reshape(k, HEADER_BODY.size)
-        poff = np.where(sector, ALIGN, HEADER_SIZE)
-        payload_at = at + poff
-        if direct is None:
-            ok = io_ok & (self.pool.array[at[:, None] + _HEADER_COLS] == hdr).all(1)
-            lv = lease.view
-            payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
-        else:  # a payload read in place came without its header: the catalog's checksum alone vouches for it
-            ok = io_ok.copy()
-            pooled = np.flatnonzero(~direct)
-            ok[pooled] &= (self.pool.array[at[pooled][:, None] + _HEADER_COLS] == hdr[pooled]).all(1)
-            lv, obj = lease.view if lease is not None else None, ext.obj.tolist()
-            payloads = [reads.into[obj[i]] if d else lv[a:a + m]
-                        for i, (a, m, d) in enumerate(zip((starts + poff).tolist(), pp.tolist(), direct.tolist()))]
-        dst = parts = None
-        if verify_submit is not None and reads.into is not None:
-            dst = _sized(reads.into, ext.rows["payload_len"])
-            parts = dst
-            if not single:  # each extent's payload goes to its own slice of the object's buffer
-                cs = np.cumsum(pp) - pp
-                at_obj = (cs - cs[np.flatnonzero(ext.part == 0)][ext.obj]).tolist()
-                parts = [None if dst[o] is None else _part(dst[o], a, n)
-                         for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
-        jobs: tuple = ()
-        in_place = None
-        if verify_submit is not None:
-            lens, sums = pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64)
-            if direct is not None:  # verified where they lie, by jobs of their own; the pool's skip them
-                d = np.flatnonzero(direct)
-                in_place = (d, ok[d])
-                ok[d] = False
-                parts = [None if x else q for q, x in zip(parts, direct.tolist())]
-                jobs = _verify_jobs(None, np.zeros(len(d), np.int64), lens[d], sums[d], in_place[1].view(np.uint8),
-                                    [payloads[i] for i in d.tolist()])
-            if direct is None or not direct.all():
-                jobs += _verify_jobs(self.pool.array, payload_at, lens, sums, ok.view(np.uint8), parts)
-        else:
-            ok &= np.fromiter(map(PAYLOAD_CHECKSUM, payloads), np.uint64, k) == ext.csum
-        return _Check(results, io_ok, ok, single, payload_at, payloads, dst, jobs, in_place)
-
-    def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: _Reads,
-                    check: _Check | None, lease: Lease | None) -> GetResult:
+    def _finish_get(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: Reads,
+                    check: Check | None, lease: Lease | None) -> GetResult:
         """The outcome of a batch whose verification has finished: views of the verified payloads
         (or the caller's buffers they were copied into), each failure counted once, by cause."""
         n = len(keys)
@@ -1100,7 +890,7 @@ class KVStore:
                     views[found[i]] = payloads[j] if parts == 1 else self._join_in_place(
                         lease, [(int(check.at[x]), int(pp[x])) for x in range(j, j + parts)])
             if check.dst is not None:
-                hits -= _hand_over(views, found, good, reads.into, check.dst)
+                hits -= hand_over(views, found, good, reads.into, check.dst)
             elif reads.into is not None:
                 hits -= self._copy_into(views, found, good, reads.into)
             for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
@@ -1128,12 +918,12 @@ class KVStore:
             buf, v = into[i], views[found[i]]
             if buf is None:
                 continue
-            if _bufs_len(buf) != len(v):
+            if bufs_len(buf) != len(v):
                 views[found[i]] = None
                 lost += 1
             else:
                 src, at = np.frombuffer(v, np.uint8), 0
-                for run, m in _runs_of(buf):
+                for run, m in runs_of(buf):
                     np.copyto(run, src[at:at + m])  # releases the GIL
                     at += m
                 views[found[i]] = buf

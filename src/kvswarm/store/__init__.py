@@ -1,0 +1,22 @@
+"""The store: objects striped over a set of drives, verified on every read, durable on flush.
+
+``config`` (StoreConfig), ``store`` (KVStore and its handles), ``verify`` (a read batch's
+verification), ``runs`` (an object's bytes as one buffer or runs of one).
+"""
+
+from kvswarm.store.config import StoreConfig
+from kvswarm.store.runs import Bufs, Runs
+from kvswarm.store.store import (
+    MANIFEST,
+    WRITER_LOCK,
+    DriveHealth,
+    GetHandle,
+    GetResult,
+    KVStore,
+    PutHandle,
+    write_manifest,
+)
+from kvswarm.store.verify import verify_submit
+
+__all__ = ["MANIFEST", "WRITER_LOCK", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "PutHandle",
+           "Runs", "StoreConfig", "verify_submit", "write_manifest"]
