@@ -2,9 +2,10 @@
 # One-time (idempotent) setup of .venv with kvswarm and everything its demo, benchmarks and tests need.
 set -euo pipefail
 # System libraries of the cluster level: the Transfer Engine links libibverbs (also over TCP), and the tests
-# run etcd for master failover.  Installed only when missing.
+# run etcd for master failover; the native batch path (kvswarm.io._batchio) compiles against the kernel's
+# <linux/io_uring.h> (linux-libc-dev).  Installed only when missing.
 missing=()
-for pkg in libibverbs1 etcd-server etcd-client; do
+for pkg in libibverbs1 etcd-server etcd-client linux-libc-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

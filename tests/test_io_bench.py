@@ -39,7 +39,8 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
     for name in SIZES:
         for key in ("ratio", "raw_gbps", "raw_iops", "raw_cpu_s_per_gb", "store_gbps", "store_iops",
                     "store_cpu_s_per_gb", "raw_write_gbps", "store_write_gbps", "write_ratio",
-                    "store_threads_gbps", "store_uring_gbps"):
+                    "store_threads_gbps", "store_uring_gbps", "store_native_gbps", "cpu_ratio",
+                    "cpu_ratio_native", "native_vs_python"):
             v = s[f"{key}_{name}"]
             assert isinstance(v, float) and v > 0, (key, name, v)
         assert s[f"ratio_of_medians_{name}"] == pytest.approx(s[f"store_gbps_{name}"] / s[f"raw_gbps_{name}"])
@@ -53,26 +54,21 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
         raw_rounds = size["raw_samples"][raw_m][first:first + rounds]
         per_round = [st["gbps"] / rw["gbps"] for st, rw in zip(size["store_samples"][best], raw_rounds)]
         assert min(per_round) <= s[f"ratio_{name}"] <= max(per_round)
-        # Each backend's read shape is tuned among the shapes for the depths the raw side tries.
-        candidates = {io_bench._store_shape(size["extent_bytes"], d, cap)
-                      for d in (size["raw_best_depth"], *io_bench.RAW_DEPTHS) for cap in (512 * 1024, 4 << 20)}
+        # Each read path's shape is the store's own (KVStore.read_shape), not tuned by the bench.
+        depth, drives = res["config"]["store_queue_depth_per_drive"], res["drives"]["drives"]
         for b, (batch, inflight) in size["store_shape"].items():
             assert size["store_samples"][b][0]["method"] == f"submit_get {batch} keys x {inflight} in flight"
-            assert (batch, inflight) in candidates
+            # Twice every drive's depth outstanding, unless half the bench's 512 MiB pool bounds it.
+            assert 4 <= batch <= 256 and (batch * inflight >= 2 * drives * depth
+                                          or (inflight + 1) * batch * size["extent_bytes"] > 256 << 20)
+        assert s[f"cpu_ratio_{name}"] == pytest.approx(s[f"store_cpu_s_per_gb_{name}"] / s[f"raw_cpu_s_per_gb_{name}"])
+        assert s[f"native_vs_python_{name}"] == pytest.approx(s[f"store_native_gbps_{name}"] / max(
+            s[f"store_threads_gbps_{name}"], s[f"store_uring_gbps_{name}"]))
     for key in ("reopen_s_2k", "replay_s_2k", "reopen_cpu_s_2k", "follow_refresh_s_2k", "follow_reload_s_2k"):
         assert s[key] > 0
     assert res["drives"]["emulation"] == "none"
     assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64
     assert (tmp_path / "io.png").stat().st_size > 0
-
-
-def test_store_shape_keeps_raw_depth_in_flight():
-    """Large objects: the store's reads outstanding reach the raw depth (a flat 64 MiB cap stopped 1 MiB at 64)."""
-    for depth in io_bench.RAW_DEPTHS:
-        for size in (4096, 65536, 1 << 20, 4 << 20):
-            batch, inflight = io_bench._store_shape(size, depth)
-            assert batch * inflight >= depth
-            assert batch * inflight * size <= max(64 << 20, depth * size) + batch * size
 
 
 def test_bench_io_on_a_testbed(tmp_path):

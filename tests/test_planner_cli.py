@@ -97,42 +97,79 @@ def test_scale_projection_finds_the_link_bound(tmp_path, capsys):
     assert (tmp_path / "scale_scale.png").is_file()
 
 
+def test_scale_says_how_many_cores_each_read_path_needs(tmp_path, capsys):
+    """Cores per drive set = projected reads/s x measured CPU per op + bytes/s x CPU per byte, for each
+    read path measured here (the Python uring engine and the native batch path)."""
+    out = tmp_path / "scale.json"
+    assert main(["scale", "--drives", "1,4", "--links", "gen5_x64", "--placements", "round_robin",
+                 "--model", "Llama-3-8B", "--context", "8192", "--steps", "1", "--sim-layers", "2",
+                 "--cpu-paths", "uring,native", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    size = 16 * doc_entry_bytes(doc)
+    for path in ("uring", "native"):
+        assert s[f"cpu_per_op_us_{path}"] > 0 and s[f"cpu_per_byte_ns_{path}"] > 0
+        for n in (1, 4):
+            gbps = doc["series"]["pm9a3 / gen5_x64 / round_robin"]["points"][[1, 4].index(n)]["gbps"]
+            want = gbps * 1e9 / size * s[f"cpu_per_op_us_{path}"] * 1e-6 + gbps * s[f"cpu_per_byte_ns_{path}"]
+            assert s[f"cores_{path}_at_{n}"] == pytest.approx(want, rel=1e-6)
+        assert s[f"cores_{path}_at_4"] > 3 * s[f"cores_{path}_at_1"]
+    assert "cores needed" in capsys.readouterr().out
+    assert main(["scale", "--drives", "1", "--cpu-paths", "disk"]) == 2
+
+
+def doc_entry_bytes(doc: dict) -> int:
+    """Bytes of one token's KV entry of the scale run's model (Llama-3-8B: 32 layers x 8 KV heads x 128)."""
+    from kvswarm.planner.models import resolve_model
+
+    return resolve_model(doc["context"]["model"]).layout().entry_bytes
+
+
 def test_validate_predicts_only_what_it_was_not_fitted_on(tmp_path, capsys):
     """A tiny validation on the real disk: the report's shape and the fit/prediction split, not its
-    accuracy (that is the command's).  The fit point is never among the predictions, and
-    summary.max_error is exactly the largest error over the predictions."""
+    accuracy (that is the command's).  No fit point is among the predictions, and summary.max_error
+    is exactly the largest error over the predictions."""
     out = tmp_path / "val.json"
-    assert main(["validate", "--quick", "--fit-kib", "64", "--fit-depth", "4", "--sizes", "4,64", "--depths", "1,4",
+    assert main(["validate", "--quick", "--fit-kib", "4,64", "--fit-depths", "4", "--sizes", "4,64", "--depths", "1,4",
                  "--object-kib", "16", "--batches", "3", "--seconds", "0.1", "--file-mib", "64", "--dir",
                  str(tmp_path), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     s, fit = doc["summary"], doc["fit"]
-    assert (fit["size_kib"], fit["depth"]) == (64, 4) and fit["bursts"] > 0
+    assert {(p["size_kib"], p["depth"]) for p in fit["points"]} == {(4, 4), (64, 4)}
+    assert fit["read_iops"] > 0 and fit["read_bw_MBps"] > 0
     raw = {(r["size_kib"], r["depth"]) for r in doc["raw"]}
-    assert raw == {(4, 1), (4, 4), (64, 1)}  # (64, 4) is the fit point: not a prediction
+    assert raw == {(4, 1), (64, 1)}  # (4, 4) and (64, 4) are fit points: not predictions
     errors = [r["error"]["throughput_Bps"] for r in doc["raw"]] + [v for r in doc["store"] for v in r["error"].values()]
-    assert s["predictions"] == len(errors) == 5 and s["fit_points"] == 1
+    assert s["predictions"] == len(errors) == 4 and s["fit_points"] == 2
     assert s["max_error"] == pytest.approx(max(errors))
-    assert s["max_error_raw"] == pytest.approx(max(errors[:3]))
+    assert s["max_error_raw"] == pytest.approx(max(errors[:2]))
     assert "error_raw_64k_qd4" not in s and "fit_reproduction_error" in s
     store = doc["store"][0]
     assert store["measured"]["batches"] == store["simulated"]["batches"] == 3
     assert 0 < store["simulated_cpu_util"] <= 1 and s["cpu_per_op_us"] > 0  # the host cost is in the model
-    assert doc["settings"]["fit_kib"] == 64 and "load_avg_start" in doc["settings"]
+    assert doc["settings"]["fit_kib"] == [4, 64] and "load_avg_start" in doc["settings"]
     assert "never fitted on" in capsys.readouterr().out
     assert not list(tmp_path.glob("kvswarm-validate-*"))  # scratch file and store removed
 
 
-def test_drive_fit_needs_one_size_and_depth():
-    from kvswarm.planner.disk import BurstProfile, RawRun, fit_drive, simulate_closed_loop
+def test_drive_fit_recovers_latency_bandwidth_and_iops_ceiling():
+    """Runs made by a known drive (closed form, as the simulator serves them) give that drive back;
+    the fit needs two request sizes, since one cannot tell a per-op cost from a per-byte one."""
+    from kvswarm.planner.disk import RawRun, closed_loop_ops, fit_drive, simulate_closed_loop
+    from kvswarm.sim.devices import DriveSpec
 
-    run = RawRun(256 << 10, 8, 1000, 1.0)
-    m = fit_drive(BurstProfile(256 << 10, 8, 10, 0.002), run)
-    assert m.read_bw == pytest.approx(run.throughput_Bps)
-    assert m.read_latency == pytest.approx(0.002 - (256 << 10) / run.throughput_Bps)
-    assert simulate_closed_loop(m, 256 << 10, 8).throughput_Bps == pytest.approx(run.throughput_Bps, rel=0.02)
-    with pytest.raises(ValueError, match="one request size"):
-        fit_drive(BurstProfile(4096, 8, 10, 0.001), run)
+    true = DriveSpec("t", 400e6, 400e6, 15_000, 15_000, 200e-6, 200e-6, queue_depth=4096)
+    runs = [RawRun(kib << 10, d, round(closed_loop_ops(true, kib << 10, d) * 10), 10.0)
+            for kib in (4, 256) for d in (2, 8)]
+    m = fit_drive(runs)
+    assert m.read_bw == pytest.approx(400e6, rel=0.02)
+    assert m.read_iops == pytest.approx(15_000, rel=0.02)
+    assert m.read_latency == pytest.approx(200e-6, rel=0.05)
+    for kib, d in ((16, 1), (64, 16), (1024, 4)):  # held out: the simulator agrees with the drive made them
+        want = closed_loop_ops(true, kib << 10, d) * (kib << 10)
+        assert simulate_closed_loop(m, kib << 10, d).throughput_Bps == pytest.approx(want, rel=0.05)
+    with pytest.raises(ValueError, match="two request sizes"):
+        fit_drive([r for r in runs if r.size == 4096])
 
 
 def test_scale_swarm_comes_from_the_datasheet_and_the_cpu_cost(tmp_path):

@@ -209,3 +209,21 @@ def test_sim_times_the_swarm_retrieval_strategies_plans():
         times[assign] = proc.value.seconds
         assert proc.value.nbytes == sum(plan.nbytes)
     assert times["makespan"] < 0.5 * times["primary"]
+
+
+def test_host_cpu_binds_on_one_core_and_spreads_over_several():
+    """A CPU-bound store: 20 us per op on one core caps 4 KiB reads at 50k/s whatever the drives do;
+    on four cores (the native path's reaping threads) the drives bind again."""
+    def rate(cores: int) -> tuple[float, float]:
+        s = _store([SSD] * 4, engine_depth=32, cpu_per_op=20e-6, cpu_cores=cores)
+        keys = _keys(4000)
+        s.preload([(k, 4096 - HEADER_SIZE) for k in keys])
+        r = replay(s, [Request("get", tuple(keys[i:i + 100])) for i in range(0, 4000, 100)], concurrency=8)
+        return r["ops"] / r["elapsed_s"], s.utilisation()["cpu"]
+
+    one, util1 = rate(1)
+    four, util4 = rate(4)
+    assert one == pytest.approx(50_000, rel=0.05) and util1 > 0.95
+    assert four > 3 * one and util4 <= 1.0
+    with pytest.raises(ValueError, match="cpu_cores"):
+        SystemModel([SSD], cpu_cores=0)

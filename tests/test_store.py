@@ -26,11 +26,17 @@ def backend(request):
     return request.param
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
+@pytest.fixture(autouse=True, params=["batch", "native", "python"])
 def verifier(request, monkeypatch):
-    """Every test runs with the native verify worker and with the pure-Python checks (a build
-    without a C compiler); the native one must have been built."""
+    """Every test runs on the native batch path (kvswarm.io._batchio: I/O, checks and copies in C), with the
+    Python engine and the native verify worker, and with the pure-Python checks (a build without a C
+    compiler); the native modules must have been built."""
+    from kvswarm.io import native
+
     assert store_verify.verify_submit is not None, "kvswarm.store._verify was not built"
+    assert native.available(), "kvswarm.io._batchio was not built, or io_uring is refused"
+    if request.param != "batch":
+        monkeypatch.setenv(native.ENV, "0")
     if request.param == "python":
         monkeypatch.setattr(store_verify, "verify_submit", None)
     return request.param
@@ -119,6 +125,20 @@ def test_handles_finish_in_completion_order(backend, drive_dirs):
                     assert r.misses == 0
                     seen += len(r.views)
         assert seen == 40
+
+
+def test_reads_back_holds_once_the_io_is_back_and_before_the_result(backend, drive_dirs):
+    """``reads_back``: a caller may submit its next batch once a handle's I/O is back, before
+    waiting for its verification; the handle's result is the same."""
+    with _open(drive_dirs(2), backend) as s:
+        s.put_many([(b"r%d" % i, _payload(b"r%d" % i, 70000)) for i in range(16)])
+        h = s.submit_get([b"r%d" % i for i in range(16)])
+        while not h.reads_back:
+            s.progress(0.05)
+        assert h.reads_back  # stays so, whatever verification does
+        with s.submit_get([b"r0"]).wait() as r2, h.wait() as r:
+            assert bytes(r2.views[0]) == _payload(b"r0", 70000)
+            assert [bytes(v) for v in r.views] == [_payload(b"r%d" % i, 70000) for i in range(16)]
 
 
 def test_corrupted_extent_is_a_counted_miss(backend, overwrite, drive_dirs):
@@ -309,7 +329,8 @@ def test_reads_in_place_land_straight_in_the_callers_buffers(backend, overwrite,
     straight there with O_DIRECT (no pool space, the payload alone: one read per object), verified in
     place; the others (packed, several extents, an unaligned buffer) go through the pool as before.
     A corrupt payload or a stale checksum is still a counted miss.  Without the native worker every
-    read goes through the pool."""
+    read goes through the pool (in_place batches take the Python engine, also where the native batch
+    path is on)."""
     paths = drive_dirs(2)
     with _open(paths, backend, stripe_unit=64 * 1024) as s:
         sizes = {b"a": 16384, b"b": 8192, b"rot": 8192, b"packed": 6000, b"multi": 150_000, b"unaligned": 8192}
@@ -322,7 +343,7 @@ def test_reads_in_place_land_straight_in_the_callers_buffers(backend, overwrite,
         keys = [*sizes, b"absent"]
         pool_before = s.pool.in_use
         h = s.submit_get(keys, into=[bufs.get(k) for k in keys], in_place=True)
-        direct = 3 if verifier == "native" else 0  # a, b and rot
+        direct = 3 if verifier != "python" else 0  # a, b and rot
         # Pool space for the others only: the packed object, the unaligned one and the extents of multi.
         others = extent_size(6000) + extent_size(8192) + sum(e[2] for e in s.catalog.get(_digest(b"multi")).extents)
         assert s.pool.in_use - pool_before == others + (0 if direct else 2 * extent_size(8192) + extent_size(16384))
@@ -371,18 +392,26 @@ def test_failed_drive_degrades_not_crashes(backend, drive_dirs):
         assert all(e[0] != 1 for i in range(8) for e in s.catalog.get(_digest(b"n%d" % i)).extents)
 
 
+def _attach(s, drive: int, engine_fd: int, native_fd: int) -> None:
+    """Point a store's I/O for ``drive`` at other descriptors, on the engine and the native ring alike."""
+    s.engine.fds[drive] = engine_fd
+    if s.native is not None:
+        s.native.attach(drive, native_fd, s.drive_stats[drive])
+
+
 def test_real_io_errors_are_counted_and_isolated(backend, drive_dirs):
     paths = drive_dirs(2)
     with _open(paths, backend, error_threshold=2) as s:
         s.put_many([(b"e%d" % i, b"v" * 5000) for i in range(10)])
         # Swap drive 0's descriptor for a read-only one: its writes now fail with EBADF in the kernel.
         ro = os.open(os.path.join(paths[0], DATA_FILE), os.O_RDONLY | os.O_DIRECT)
-        own, s.engine.fds[0] = s.engine.fds[0], ro
+        own = s.engine.fds[0], s.drives[0].fd
+        _attach(s, 0, ro, ro)
         results = s.put_many([(b"w%d" % i, b"v" * 5000) for i in range(10)])
         assert not all(results) and any(results)
         assert s.drive_stats[0].errors > 0 and not s.drives[0].healthy
         assert all(s.put_many([(b"x%d" % i, b"v" * 5000) for i in range(4)]))  # drive 0 avoided now
-        s.engine.fds[0] = own
+        _attach(s, 0, *own)
         os.close(ro)
 
 
@@ -832,6 +861,11 @@ def _pool_sized_for_one_batch(paths, backend):
     return s
 
 
+def _io_of(s):
+    """What a store's reads and writes go through: the native batch ring, or the Python engine."""
+    return s.native if s.native is not None else s.engine
+
+
 def _all_read_back(s) -> bool:
     with s.get_many(KEYS8) as r:
         return all(v is not None and bytes(v) == _payload(k, 100_000) for k, v in zip(KEYS8, r.views))
@@ -842,12 +876,15 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, st
     """wait() raising (the engine, the verification pass, the result's assembly) must not cost the pool
     that batch's buffers for good: they go back once none of its reads can still land there."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
-        obj, name = {"engine": (s.engine, "wait"), "verify": (store_store, "check_batch"), "finish": (s, "_finish_get")}[stage]
+        io = _io_of(s)
+        # On the native path verification runs inside the ring's reaping (poll).
+        verify = (store_store, "check_batch") if s.native is None else (io, "poll")
+        obj, name = {"engine": (io, "wait"), "verify": verify, "finish": (s, "_finish_get")}[stage]
         _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
         h = s.submit_get(KEYS8)
         with pytest.raises(OSError, match="injected"):
             h.wait()
-        assert s.pool.in_use == 0 and not s.engine.inflight()  # the reads were waited out, then let go
+        assert s.pool.in_use == 0 and not io.inflight()  # the reads were waited out, then let go
         assert h.done
         with pytest.raises(KVSwarmError, match="failed"):
             h.wait()  # no result from buffers that went back
@@ -860,7 +897,8 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
     may still land there), counted, until its completions come in."""
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         broken = [True]
-        poll, wait = s.engine.poll, s.engine.wait
+        io = _io_of(s)
+        poll, wait = io.poll, io.wait
 
         def broken_poll(timeout=0.0):
             if broken[0]:
@@ -872,8 +910,8 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
                 raise OSError(5, "engine broken")
             return wait(batch)
 
-        monkeypatch.setattr(s.engine, "poll", broken_poll)
-        monkeypatch.setattr(s.engine, "wait", broken_wait)
+        monkeypatch.setattr(io, "poll", broken_poll)
+        monkeypatch.setattr(io, "wait", broken_wait)
         h = s.submit_get(KEYS8)
         with pytest.raises(OSError, match="broken"):
             h.wait()
@@ -898,11 +936,12 @@ def test_a_put_whose_wait_raises_gives_back_its_buffers_and_extents(backend, mon
     with _open(drive_dirs(2), backend, buffer_pool_bytes=MiB) as s:
         items = [(k, _payload(k, 100_000)) for k in KEYS8]
         free = [d.alloc.free for d in s.drives]
-        _fail_once(monkeypatch, s.engine, "wait", OSError(5, "injected"))
+        io = _io_of(s)
+        _fail_once(monkeypatch, io, "wait", OSError(5, "injected"))
         h = s.submit_put(items)
         with pytest.raises(OSError, match="injected"):
             h.wait()
-        assert s.pool.in_use == 0 and not s.engine.inflight() and len(s) == 0
+        assert s.pool.in_use == 0 and not io.inflight() and len(s) == 0
         assert [d.alloc.free for d in s.drives] == free  # nothing was stored: its extents are free again
         assert s.counters["put_failures"] == len(items)
         with pytest.raises(KVSwarmError, match="failed"):

@@ -13,6 +13,7 @@ import pytest
 
 from kvswarm.errors import DriveFull, KVSwarmError
 from kvswarm.format import key_digest
+from kvswarm.io import native
 from kvswarm.io.base import IOEngine
 from kvswarm.layout import KVLayout
 from kvswarm.prefix import PrefixKeyer, new_block
@@ -182,6 +183,7 @@ def test_failed_drive_blocks_become_misses_service_continues(tmp_path):
         assert all(e.extents[0][0] == 0 for e in ssd.catalog.entries.values())
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_real_io_error_drive_degrades(tmp_path):
     """A drive whose I/O fails in the kernel (not a flag we set) is taken out; service continues."""
     with manager(tmp_path, dram_blocks=0, ssd=(2, 8), cap=None) as tm:
@@ -196,6 +198,13 @@ def test_real_io_error_drive_degrades(tmp_path):
         got = serve(tm, ks)
         assert len(got) < 6 and not bad.healthy
         assert serve(tm, ks) == [Tier.SSD] * 6  # recomputed blocks went to the surviving drive
+
+
+@pytest.fixture
+def python_engine(monkeypatch):
+    """Stores opened by the test use the Python engine, which the test slows or breaks by hand (the store's
+    own fault handling is tested on the native path too, in test_store.py)."""
+    monkeypatch.setenv(native.ENV, "0")
 
 
 class SlowEngine(IOEngine):
@@ -228,6 +237,7 @@ class SlowEngine(IOEngine):
         self.inner.close()
 
 
+@pytest.mark.usefixtures("python_engine")
 @pytest.mark.parametrize("mode, expect", [("best_effort", 0), ("timeout", 0), ("wait_complete", 4)])
 def test_prefetch_deadline_policies(tmp_path, mode, expect):
     with manager(tmp_path, cap=None) as tm:
@@ -330,6 +340,7 @@ def test_a_block_read_back_corrupt_leaves_its_pool_too(tmp_path):
         assert key_digest(ks[2]) not in ssd.catalog.entries and len(ssd) == 3
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_a_demoted_block_leaves_the_ssds_only_once_the_capacity_pool_holds_it_durably(tmp_path):
     """Demotion writes the block below and then drops it above: until the write below is back and
     flushed, the copy above stays, so a failed write or a crash in between loses nothing."""
@@ -412,6 +423,7 @@ def test_a_pool_drive_failing_its_flush_costs_its_blocks_not_the_call(tmp_path, 
         assert serve(tm, ks) == [Tier.SSD]  # block 1 went to drive 1: the prefix stops there
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_a_block_whose_write_below_fails_stays_on_the_ssds(tmp_path):
     tm, old, new = _demoting(tmp_path)
     with tm:
@@ -440,6 +452,7 @@ def test_a_block_a_full_capacity_pool_refuses_stays_on_the_ssds(tmp_path):
         assert tm.counters["moves_kept"] == 4 and tm.counters["moves_lost"] == 0
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_a_write_back_that_fails_leaves_the_block_in_dram(tmp_path):
     with manager(tmp_path, dram_blocks=4, ssd=(1, 16), cap=None, write="write-back") as tm:
         old, new = keys_of(0, 4), keys_of(1, 4)
@@ -454,6 +467,7 @@ def test_a_write_back_that_fails_leaves_the_block_in_dram(tmp_path):
         assert len(ssd) == 8  # written back, now that the drive works
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_a_block_whose_move_fails_again_is_let_go_and_counted(tmp_path):
     """A block kept after a failed move is its tier's next victim; if the retried move fails too, it goes
     (counted), so a tier below that keeps failing costs a block per eviction, not a growing backlog."""
@@ -536,6 +550,7 @@ def _fail_once(monkeypatch, obj, name: str) -> None:
     monkeypatch.setattr(obj, name, flaky)
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_a_prefetch_whose_read_fails_gives_back_its_pins_and_buffers(tmp_path, monkeypatch):
     with manager(tmp_path, cap=None, chunk_blocks=1) as tm:
         ks = _ssd_then_dram(tm)
@@ -550,6 +565,7 @@ def test_a_prefetch_whose_read_fails_gives_back_its_pins_and_buffers(tmp_path, m
         assert serve(tm, ks) == [Tier.SSD] * 2 + [Tier.DRAM] * 4
 
 
+@pytest.mark.usefixtures("python_engine")
 def test_an_abandoned_read_that_fails_does_not_fail_the_next_request(tmp_path, monkeypatch):
     with manager(tmp_path, cap=None) as tm:
         ks = _ssd_then_dram(tm)

@@ -28,6 +28,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sparse": ("kvswarm.bench.sparse_bench", "sparse decode from offloaded KV: selectors and placements"),
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
+    "serve": ("kvswarm.bench.serve_bench", "a vLLM CPU engine serving the Mooncake trace: TTFT with no offload, "
+              "vLLM's fs tier, kvswarm's tier, and after a restart"),
     "sglang": ("kvswarm.bench.sglang_bench", "SGLang's file HiCache backend vs kvswarm's backend"),
     "lmcache": ("kvswarm.bench.lmcache_bench", "LMCache's local disk back end vs kvswarm's storage plugin"),
     "faults": ("kvswarm.bench.faults_bench", "fault campaign: crashes, power cuts, corruption, ENOSPC, EIO, "

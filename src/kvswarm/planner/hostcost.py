@@ -1,7 +1,9 @@
-"""The store's host-side CPU cost: per op (submit, header check) and per byte (the payload checksum).
+"""The store's host-side CPU cost: per op (submit, header check) and per byte (the payload checksum),
+per read path: ``threads`` and ``uring`` (the Python engines) and ``native`` (kvswarm.io._batchio).
 
-A store on fast drives is CPU-bound: the simulator charges both on one serial CPU (the GIL),
-so ``plan validate`` and ``plan scale`` model the store, not just its drives.
+A store on fast drives is CPU-bound: the simulator charges the cost on the CPUs it may use (one for
+the Python paths, under the GIL), so ``plan validate`` and ``plan scale`` model the store, not just
+its drives, and ``plan scale`` says how many cores a drive set needs on each path.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from kvswarm.format import HEADER_SIZE, payload_checksum
 KiB, MiB = 1 << 10, 1 << 20
 
 
+PATHS = ("threads", "uring", "native")  # the store's read paths
+
+
+def engine_of(path: str) -> str:
+    """The Python engine a read path's store is opened with (native reads: their writes' engine)."""
+    return "uring" if path == "native" else path
+
+
 @dataclass(frozen=True)
 class HostCost:
     """Seconds of host CPU per extent read and per payload byte."""
@@ -28,9 +38,14 @@ class HostCost:
     cpu_per_op: float
     cpu_per_byte: float
 
+    def cores(self, ops_per_s: float, bytes_per_s: float) -> float:
+        """CPUs kept busy serving ``ops_per_s`` extents of ``bytes_per_s`` payload in all."""
+        return ops_per_s * self.cpu_per_op + bytes_per_s * self.cpu_per_byte
+
 
 def measure_host_cost(backend: str, quick: bool) -> HostCost:
-    """Per-byte: the store's payload checksum; per-op: a get batch on a memory-backed drive."""
+    """Per-byte: the store's payload checksum; per-op: a get batch on a memory-backed drive, on read
+    path ``backend`` (one of PATHS)."""
     # Minimum over repetitions: the machine is shared, and descheduled time is not a cost per byte.
     buf = os.urandom(4 * MiB)
     times = []
@@ -48,7 +63,12 @@ def measure_host_cost(backend: str, quick: bool) -> HostCost:
     try:
         os.makedirs(os.path.join(root, "d0"))
         store = KVStore(StoreConfig(drives=[os.path.join(root, "d0")], meta_dir=os.path.join(root, "m"),
-                                    capacity_per_drive=64 * MiB, backend=backend, buffer_pool_bytes=32 * MiB))
+                                    capacity_per_drive=64 * MiB, backend=engine_of(backend),
+                                    buffer_pool_bytes=32 * MiB, native_io=backend == "native"))
+        if backend == "native" and store.native is None:
+            store.close()
+            raise ValueError("the native read path is not available here (kvswarm.io._batchio not built, io_uring "
+                             "refused, or KVSWARM_NATIVE_IO=0)")
         try:
             keys = [b"host/%d" % i for i in range(256)]
             store.put_many([(k, bytes(4 * KiB - HEADER_SIZE)) for k in keys])
@@ -57,9 +77,9 @@ def measure_host_cost(backend: str, quick: bool) -> HostCost:
             times = []
             for _ in range(20 if quick else 80):
                 batch = rng.sample(keys, 64)
-                t0 = time.perf_counter()
+                t0 = time.process_time()  # CPU of every thread (engine workers too); not time descheduled
                 store.get_many(batch).release()
-                times.append(time.perf_counter() - t0)
+                times.append(time.process_time() - t0)
             per_op = float(np.median(times)) / 64 - per_byte * (4 * KiB - HEADER_SIZE)
         finally:
             store.close()

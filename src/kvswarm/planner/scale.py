@@ -10,6 +10,11 @@ answer for that hardware: PM9A3 drives as their datasheet in the hardware catalo
 and the store's host CPU per op and per byte (measured on this machine as ``plan validate``
 measures it, or given with ``--cpu-per-op-us`` / ``--cpu-per-byte-ns``) paid on one serial CPU.
 The paper's figure is printed beside it for comparison and is never an input.
+
+Cores per drive set: the store's host CPU per op and per byte, measured here for each read path
+(``--cpu-paths``: the Python ``uring`` engine, whose work holds the GIL, and the ``native`` batch
+path), turns each drive count's projected throughput into the CPU cores serving it needs; where a
+Python path needs more than one, the GIL, not the drives, binds a store process.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "here, on a memory-backed drive)")
     p.add_argument("--cpu-per-byte-ns", type=float, help="--swarm: host CPU per payload byte, ns (default: the "
                    "checksum measured here)")
+    p.add_argument("--cpu-paths", type=names, default=None,
+                   help="read paths whose measured host CPU gives the cores each drive set needs, of threads, "
+                        "uring, native (default: uring, and native where available; '' for none)")
     p.add_argument("--plot", metavar="PNG", help="plot path (default: next to --json)")
 
 
@@ -153,6 +161,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     console.print(t)
     console.print("'scales to' = first count below 90% of linear scaling; 'link bound' = host link > 90% busy.")
     summary = {}
+    paths = args.cpu_paths if args.cpu_paths is not None else default_cpu_paths()
+    if paths:
+        summary |= cores_table(console, series, dt.key, ns, args.cluster_tokens * layout.entry_bytes, paths)
     if cpu is not None:
         summary |= swarm_summary(series, cpu)
         console.print(f"8 x {SWARM_DRIVE} from the datasheet: {summary['swarm_8_device_only_gbps']:.1f} GB/s for the "
@@ -173,6 +184,43 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     write_outputs(console, doc, args.json, plot,
                   lambda path: _plot(series, path, f"{model.name}: sparse decode reads vs drives"))
     return 0
+
+
+def default_cpu_paths() -> list[str]:
+    from kvswarm.io import native
+
+    return ["uring"] + (["native"] if native.enabled() else [])
+
+
+def cores_table(console: Console, series: dict, drive: str, ns: list[int], size: int, paths: list[str]) -> dict:
+    """Cores each drive count needs on each read path: its best projected throughput (drives alone, over
+    the links and placements) at ``size``-byte reads, times the host CPU per op and per byte measured
+    here for that path."""
+    from kvswarm.planner.hostcost import PATHS, measure_host_cost
+
+    bad = [p for p in paths if p not in PATHS]
+    if bad:
+        raise ValueError(f"--cpu-paths are some of {', '.join(PATHS)}, not {', '.join(bad)}")
+    best = {n: max(p["gbps"] for s in series.values() if s["drive"] == drive for p in s["points"] if p["drives"] == n)
+            for n in ns}
+    t = Table(title=f"Host CPU cores needed at the projected throughput ({size // 1024} KiB reads, {drive})")
+    t.add_column("read path (CPU per op + per byte, measured here)")
+    for n in ns:
+        t.add_column(f"{n} ({best[n]:.0f} GB/s)", justify="right")
+    out: dict = {}
+    for path in paths:
+        cost = measure_host_cost(path, quick=True)
+        cores = {n: cost.cores(best[n] * 1e9 / size, best[n] * 1e9) for n in ns}
+        gil = path != "native"
+        t.add_row(f"{path}: {cost.cpu_per_op * 1e6:.1f} us + {cost.cpu_per_byte * 1e9:.3f} ns/B"
+                  + (" (GIL: 1 core per process)" if gil else ""),
+                  *[(f"[red]{c:.1f}[/]" if gil and c > 1 else f"{c:.1f}") for c in cores.values()])
+        out |= {f"cpu_per_op_us_{path}": cost.cpu_per_op * 1e6, f"cpu_per_byte_ns_{path}": cost.cpu_per_byte * 1e9}
+        out |= {f"cores_{path}_at_{n}": c for n, c in cores.items()}
+    console.print(t)
+    console.print("cores = reads/s x CPU per op + bytes/s x CPU per byte; a Python path above 1 (red) is bound by "
+                  "the GIL of its store process, not by its drives.")
+    return out
 
 
 def host_cost(args: argparse.Namespace) -> HostCost:

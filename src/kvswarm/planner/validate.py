@@ -1,19 +1,19 @@
-"""Validate the simulator against the real disk: fit the drive model at one point, predict the rest.
+"""Validate the simulator against the real disk: fit the drive model on a few points, predict the rest.
 
 1. Host cost: the store's CPU per op (submit, header check), timed on a memory-backed drive,
    and per byte (the xxh3 checksum it runs on every payload).  A store on fast drives is
    CPU-bound, so the simulated store pays both on one serial CPU (one GIL).
-2. Fit: the drive model is fitted on the real, unthrottled disk (a scratch file under
-   ``--dir``, O_DIRECT) at ONE request size and queue depth (``--fit-kib``, ``--fit-depth``):
-   reads kept in flight give the serial transfer rate, bursts of that many reads submitted
-   at once the fixed latency (:mod:`kvswarm.planner.disk`).
+2. Fit: the drive model (fixed latency, bandwidth, IOPS ceiling) is fitted on the real,
+   unthrottled disk (a scratch file under ``--dir``, O_DIRECT) to closed-loop reads at the fit
+   points only: two request sizes or more by one queue depth or more (``--fit-kib``,
+   ``--fit-depths``; default 4 and 256 KiB at depths 2 and 8, :mod:`kvswarm.planner.disk`).
 3. Predictions, each measured on the same disk and never fitted on:
-   * raw reads at other request sizes and queue depths (closed loop, io_uring): the drive
+   * raw reads at the other request sizes and queue depths (closed loop, io_uring): the drive
      model alone;
    * the store's own batched random gets (a KVStore on one directory of the same disk, its
      own engine and depth) at two object sizes: the drive model plus the host cost.
    ``summary.max_error`` is the largest relative error over these predictions (raw
-   throughput; the store's throughput and mean I/O time per batch); the fit point's own
+   throughput; the store's throughput and mean I/O time per batch); the fit points' own
    reproduction is reported apart (``fit``) and counts in no error figure.
 """
 
@@ -34,15 +34,15 @@ from rich.console import Console
 from rich.table import Table
 
 from kvswarm.format import HEADER_SIZE
-from kvswarm.planner.disk import ScratchFile, bursts, closed_loop, fit_drive, simulate_closed_loop
-from kvswarm.planner.hostcost import HostCost, measure_host_cost
+from kvswarm.planner.disk import ScratchFile, closed_loop, fit_drive, simulate_closed_loop
+from kvswarm.planner.hostcost import HostCost, engine_of, measure_host_cost
 from kvswarm.planner.report import console as make_console
 from kvswarm.planner.report import new_figure, print_error, write_outputs
 from kvswarm.sim.devices import DriveSpec
 from kvswarm.sim.replay import Request, measure, replay
 from kvswarm.sim.system import SimStore, SystemModel
 
-HELP = "simulator vs the real disk: fit the drive model at one request size and depth, predict the rest"
+HELP = "simulator vs the real disk: fit the drive model at two request sizes, predict other sizes and depths"
 KiB, MiB = 1 << 10, 1 << 20
 TARGET_METRICS = ("throughput_Bps", "mean_io_time_s")
 
@@ -51,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from kvswarm.planner.args import ints
 
     p.add_argument("--quick", action="store_true", help="fewer and shorter runs (a minute or two in all)")
-    p.add_argument("--fit-kib", type=int, default=256, help="request size the drive model is fitted at "
-                   "(KiB; default %(default)s)")
-    p.add_argument("--fit-depth", type=int, default=8, help="queue depth the drive model is fitted at "
-                   "(default %(default)s)")
+    p.add_argument("--fit-kib", type=ints, default=[4, 256], help="request sizes the drive model is fitted at "
+                   "(KiB, two or more; default 4,256)")
+    p.add_argument("--fit-depths", "--fit-depth", type=ints, default=[2, 8], help="queue depths the drive model "
+                   "is fitted at (default 2,8)")
     p.add_argument("--sizes", type=ints, help="raw request sizes to predict, KiB (default 4,16,64,256,1024; "
                    "quick 4,64,1024)")
     p.add_argument("--depths", type=ints, help="raw queue depths to predict (default 1,4,16; quick 1,16)")
@@ -63,8 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=16, help="objects per store get batch (default %(default)s)")
     p.add_argument("--batches", type=int, help="timed store batches per object size (default 48, quick 16)")
     p.add_argument("--seconds", type=float, help="seconds per raw run (default 1, quick 0.4)")
-    p.add_argument("--rounds", type=int, help="rounds per measurement, the median kept (default 3, quick 1)")
-    p.add_argument("--backend", choices=["threads", "uring"], default="threads", help="store I/O backend")
+    p.add_argument("--rounds", type=int, help="rounds per measurement, the median kept (default 3, quick 1; "
+                   "raw reads at least 5, interleaved over all points)")
+    p.add_argument("--backend", choices=["threads", "uring", "native"], default="threads",
+                   help="store read path: a Python engine (threads, uring) or the native batch path (native)")
     p.add_argument("--placement", default="round_robin", help="store placement strategy (default %(default)s)")
     p.add_argument("--file-mib", type=int, default=1024, help="scratch file the raw reads range over "
                    "(default %(default)s)")
@@ -82,10 +84,13 @@ class BatchedGets:
     warmup: int = 2
 
 
-def make_batched_gets(prefix: str, extent_kib: int, batch: int, batches: int, rng: random.Random) -> BatchedGets:
-    """``batches`` timed batches of ``batch`` random keys over a data set of 64 MiB or 8 batches."""
+def make_batched_gets(prefix: str, extent_kib: int, batch: int, batches: int, rng: random.Random,
+                      span: int) -> BatchedGets:
+    """``batches`` timed batches of ``batch`` random keys over a data set of ``span`` bytes (the raw
+    reads' scratch file: the same footprint on the disk, and so the same share of any cache under
+    it, as the runs the drive model was fitted on) or 8 batches."""
     payload = extent_kib * KiB - HEADER_SIZE
-    n_obj = max(8 * batch, 64 * MiB // (extent_kib * KiB))
+    n_obj = max(8 * batch, span // (extent_kib * KiB))
     keys = [f"{prefix}/{i}".encode() for i in range(n_obj)]
     stream = [Request("get", tuple(rng.sample(keys, batch))) for _ in range(2 + batches)]
     return BatchedGets([(key, payload) for key in keys], stream)
@@ -107,8 +112,9 @@ def run_store(directory: str, wl: BatchedGets, backend: str, placement: str, rou
     try:
         os.makedirs(os.path.join(root, "d0"))
         store = KVStore(StoreConfig(drives=[os.path.join(root, "d0")], meta_dir=os.path.join(root, "meta"),
-                                    capacity_per_drive=(2 * total // MiB + 64) * MiB, backend=backend,
-                                    placement=placement, buffer_pool_bytes=64 * MiB))
+                                    capacity_per_drive=(2 * total // MiB + 64) * MiB, backend=engine_of(backend),
+                                    placement=placement, buffer_pool_bytes=64 * MiB,
+                                    native_io=backend == "native"))
         try:
             blob = os.urandom(max(n for _, n in wl.items))
             for i in range(0, len(wl.items), 64):
@@ -156,6 +162,12 @@ def _median_run(runs: list) -> object:
     return sorted(runs, key=lambda r: r.throughput_Bps)[(len(runs) - 1) // 2]
 
 
+def _spread(runs: list) -> float:
+    """(largest - smallest) / median throughput over a point's rounds: how much the disk moved under it."""
+    t = sorted(r.throughput_Bps for r in runs)
+    return (t[-1] - t[0]) / t[(len(t) - 1) // 2]
+
+
 def _err(sim: float, meas: float) -> float:
     return abs(sim - meas) / meas if meas and not math.isnan(meas) else float("nan")
 
@@ -177,12 +189,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     depths = args.depths or ([1, 16] if quick else [1, 4, 16])
     seconds = args.seconds if args.seconds is not None else 0.4 if quick else 1.0
     rounds = args.rounds or (1 if quick else 3)
+    raw_rounds = max(5, rounds)  # raw runs are short: at least 5 rounds, so one stall never becomes the median
     batches = args.batches or (16 if quick else 48)
-    if min(sizes + [args.fit_kib] + args.object_kib) < 4 or min(depths + [args.fit_depth]) < 1 \
-            or args.fit_depth < 2 or args.batch < 1 or batches < 2 or rounds < 1 or seconds <= 0 \
+    fit_points = [(kib, depth) for kib in args.fit_kib for depth in args.fit_depths]
+    if min(sizes + args.fit_kib + args.object_kib) < 4 or min(depths + args.fit_depths) < 1 \
+            or len(set(args.fit_kib)) < 2 or args.batch < 1 or batches < 2 or rounds < 1 or seconds <= 0 \
             or args.file_mib < 64:
-        raise ValueError("sizes and objects >= 4 KiB, depths >= 1 (fit depth >= 2), batch >= 1, batches >= 2, "
-                         "rounds >= 1, seconds > 0, file >= 64 MiB")
+        raise ValueError("sizes and objects >= 4 KiB, two fit sizes or more, depths >= 1, batch >= 1, "
+                         "batches >= 2, rounds >= 1, seconds > 0, file >= 64 MiB")
     make_placement(args.placement)
     directory = args.dir or "/var/tmp"
     t_start = time.perf_counter()
@@ -193,41 +207,41 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     with console.status(f"writing a {args.file_mib} MiB scratch file in {directory}"):
         disk = ScratchFile(directory, args.file_mib * MiB)
     try:
-        fit_size, fit_depth = args.fit_kib * KiB, args.fit_depth
-        with console.status(f"fitting the drive model: bursts of {fit_depth} x {args.fit_kib} KiB"):
-            _drop_caches()
-            profile = bursts(disk, fit_size, fit_depth, 40 if quick else 120, rng)
-            # The one point everything is predicted from: at least 5 runs, the median kept, so one
-            # stall of the shared disk does not become the model.
-            fit_meas = _median_run([closed_loop(disk, fit_size, fit_depth, seconds, rng)
-                                    for _ in range(max(5, rounds))])
-            model = fit_drive(profile, fit_meas)
-        fit_sim = simulate_closed_loop(model, fit_size, fit_depth)
-        fit = {"size_kib": args.fit_kib, "depth": fit_depth, "bursts": profile.bursts,
-               "first_completion_us": profile.first_s * 1e6,
-               "read_bw_MBps": model.read_bw / 1e6, "read_latency_us": model.read_latency * 1e6,
-               "fit_runs": max(5, rounds), "measured_throughput_Bps": fit_meas.throughput_Bps,
-               "simulated_throughput_Bps": fit_sim.throughput_Bps,
-               "reproduction_error": _err(fit_sim.throughput_Bps, fit_meas.throughput_Bps),
+        _drop_caches()
+        # Every raw point, fitted or predicted, is run once per round, the rounds interleaved: a stall
+        # of the shared disk then lands on one round of many points, and each point's median drops it.
+        pred_points = [(kib, depth) for kib in sizes for depth in depths if (kib, depth) not in fit_points]
+        runs: dict[tuple[int, int], list] = {pt: [] for pt in fit_points + pred_points}
+        for r in range(raw_rounds):
+            for kib, depth in runs:
+                with console.status(f"raw reads, round {r + 1} of {raw_rounds}: {kib} KiB at queue depth {depth}"):
+                    runs[(kib, depth)].append(closed_loop(disk, kib * KiB, depth, seconds, rng))
+        fitted = [_median_run(runs[pt]) for pt in fit_points]
+        model = fit_drive(fitted)
+        fit_rows = []
+        for (kib, depth), m in zip(fit_points, fitted):
+            s = simulate_closed_loop(model, kib * KiB, depth)
+            fit_rows.append({"size_kib": kib, "depth": depth, "measured_throughput_Bps": m.throughput_Bps,
+                             "simulated_throughput_Bps": s.throughput_Bps, "spread": _spread(runs[(kib, depth)]),
+                             "reproduction_error": _err(s.throughput_Bps, m.throughput_Bps)})
+        fit = {"points": fit_rows, "rounds": raw_rounds, "read_bw_MBps": model.read_bw / 1e6,
+               "read_iops": model.read_iops, "read_latency_us": model.read_latency * 1e6,
+               "reproduction_error": max(r["reproduction_error"] for r in fit_rows),
                "note": "fitted here: counts in no error figure"}
         raw = []
-        for kib in sizes:
-            for depth in depths:
-                if (kib, depth) == (args.fit_kib, fit_depth):
-                    continue  # the fit point is not a prediction
-                with console.status(f"raw reads: {kib} KiB at queue depth {depth}"):
-                    m = _median_run([closed_loop(disk, kib * KiB, depth, seconds, rng) for _ in range(rounds)])
-                s = simulate_closed_loop(model, kib * KiB, depth)
-                raw.append({"size_kib": kib, "depth": depth, "measured_throughput_Bps": m.throughput_Bps,
-                            "simulated_throughput_Bps": s.throughput_Bps,
-                            "measured_latency_us": m.mean_latency_s * 1e6,
-                            "simulated_latency_us": s.mean_latency_s * 1e6,
-                            "error": {"throughput_Bps": _err(s.throughput_Bps, m.throughput_Bps)}})
+        for kib, depth in pred_points:  # a fit point is not a prediction
+            m = _median_run(runs[(kib, depth)])
+            s = simulate_closed_loop(model, kib * KiB, depth)
+            raw.append({"size_kib": kib, "depth": depth, "measured_throughput_Bps": m.throughput_Bps,
+                        "simulated_throughput_Bps": s.throughput_Bps,
+                        "measured_latency_us": m.mean_latency_s * 1e6,
+                        "simulated_latency_us": s.mean_latency_s * 1e6, "spread": _spread(runs[(kib, depth)]),
+                        "error": {"throughput_Bps": _err(s.throughput_Bps, m.throughput_Bps)}})
     finally:
         disk.close()
     stores = []
     for kib in args.object_kib:
-        wl = make_batched_gets(f"val-{kib}", kib, args.batch, batches, rng)
+        wl = make_batched_gets(f"val-{kib}", kib, args.batch, batches, rng, args.file_mib * MiB)
         with console.status(f"the store: batches of {args.batch} x {kib} KiB objects"):
             m, depth = run_store(directory, wl, args.backend, args.placement, rounds)
         s, cpu_util = simulate_store(model, cost, depth, args.backend, args.placement, wl)
@@ -241,9 +255,11 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     summary = {"max_error": max(every), "mean_error": float(np.mean(every)),
                "max_error_raw": max(raw_errs, default=0.0),
                "max_error_store": max(store_errs, default=0.0), "predictions": len(every),
-               "fit_reproduction_error": fit["reproduction_error"], "fit_points": 1,
+               "fit_reproduction_error": fit["reproduction_error"], "fit_points": len(fit_points),
+               "max_spread_raw": max(r["spread"] for r in fit_rows + raw),
                "cpu_per_op_us": cost.cpu_per_op * 1e6, "cpu_per_byte_ns": cost.cpu_per_byte * 1e9,
-               "drive_read_bw_MBps": fit["read_bw_MBps"], "drive_read_latency_us": fit["read_latency_us"],
+               "drive_read_bw_MBps": fit["read_bw_MBps"], "drive_read_iops": fit["read_iops"],
+               "drive_read_latency_us": fit["read_latency_us"],
                "seconds": time.perf_counter() - t_start}
     for r in raw:
         summary[f"error_raw_{r['size_kib']}k_qd{r['depth']}"] = r["error"]["throughput_Bps"]
@@ -252,12 +268,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             summary[f"error_store_{r['object_kib']}k_{k}"] = v
         summary[f"store_{r['object_kib']}k_simulated_cpu_util"] = r["simulated_cpu_util"]
     console.print(f"largest error over {len(every)} predictions (none fitted on): {summary['max_error']:.1%} "
-                  f"(raw {summary['max_error_raw']:.1%}, store {summary['max_error_store']:.1%}); the fit point "
-                  f"reproduces at {fit['reproduction_error']:.1%}")
-    settings = {"fit_kib": args.fit_kib, "fit_depth": fit_depth, "sizes_kib": sizes, "depths": depths,
+                  f"(raw {summary['max_error_raw']:.1%}, store {summary['max_error_store']:.1%}); the "
+                  f"{len(fit_points)} fit points reproduce within {fit['reproduction_error']:.1%}")
+    settings = {"fit_kib": args.fit_kib, "fit_depths": args.fit_depths, "sizes_kib": sizes, "depths": depths,
                 "object_kib": args.object_kib, "batch": args.batch, "batches": batches, "seconds": seconds,
-                "rounds": rounds, "backend": args.backend, "placement": args.placement, "file_mib": args.file_mib,
-                "dir": directory, "quick": quick, "load_avg_start": load0, "load_avg_end": os.getloadavg(),
+                "rounds": rounds, "raw_rounds": raw_rounds, "backend": args.backend, "placement": args.placement,
+                "file_mib": args.file_mib, "dir": directory, "quick": quick, "load_avg_start": load0, "load_avg_end": os.getloadavg(),
                 "cpus": os.cpu_count(), "disk": "the real disk under --dir (unthrottled, O_DIRECT; shared with "
                                                 "whatever else runs on the machine)"}
     doc = {"summary": summary, "settings": settings, "fit": fit, "host_cost": {"cpu_per_op_us": cost.cpu_per_op * 1e6,
@@ -269,14 +285,15 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 def _print(console: Console, cost: HostCost, fit: dict, raw: list[dict], stores: list[dict],
            args: argparse.Namespace) -> None:
-    console.print(f"drive model fitted at {fit['size_kib']} KiB, queue depth {fit['depth']} ({fit['bursts']} bursts): "
-                  f"{fit['read_bw_MBps']:.0f} MB/s serial transfer, {fit['read_latency_us']:.0f} us fixed latency; "
+    console.print(f"drive model fitted at {len(fit['points'])} points: {fit['read_bw_MBps']:.0f} MB/s and "
+                  f"{fit['read_iops']:.0f} IOPS serial stage, {fit['read_latency_us']:.0f} us fixed latency; "
                   f"host {cost.cpu_per_op * 1e6:.1f} us/op + {cost.cpu_per_byte * 1e9:.3f} ns/B")
     t = Table(title="Predicted (never fitted on) vs measured on the same disk")
     for col in ("case", "measured", "simulated", "error", "note"):
         t.add_column(col, justify="left" if col in ("case", "note") else "right")
-    t.add_row(f"fit: raw {fit['size_kib']} KiB qd{fit['depth']}", f"{fit['measured_throughput_Bps'] / 1e6:.0f} MB/s",
-              f"{fit['simulated_throughput_Bps'] / 1e6:.0f} MB/s", f"({fit['reproduction_error']:.1%})", "fitted")
+    for r in fit["points"]:
+        t.add_row(f"fit: raw {r['size_kib']} KiB qd{r['depth']}", f"{r['measured_throughput_Bps'] / 1e6:.0f} MB/s",
+                  f"{r['simulated_throughput_Bps'] / 1e6:.0f} MB/s", f"({r['reproduction_error']:.1%})", "fitted")
     for r in raw:
         t.add_row(f"raw {r['size_kib']} KiB qd{r['depth']}", f"{r['measured_throughput_Bps'] / 1e6:.0f} MB/s",
                   f"{r['simulated_throughput_Bps'] / 1e6:.0f} MB/s", f"{r['error']['throughput_Bps']:.1%}", "")
@@ -309,7 +326,7 @@ def _plot(raw: list[dict], stores: list[dict], path: str) -> None:
     ax.set_xticks(list(x), [f"store {r['object_kib']}K" for r in stores])
     ax.set_ylabel("store get MB/s")
     ax.legend(fontsize=8)
-    fig.suptitle("kvswarm simulator: drive model fitted at one size and depth, predictions on the same disk",
+    fig.suptitle("kvswarm simulator: drive model fitted at two sizes, predictions at other sizes and depths",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

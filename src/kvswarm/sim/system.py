@@ -38,8 +38,11 @@ class SystemModel:
     # read in order by one worker and completed as a whole (each op's latency is its own service
     # time).  False: io_uring-like, each op completes on its own.
     chunked: bool = False
-    cpu_per_op: float = 0.0  # host seconds per extent to submit and verify (one GIL: serial)
+    cpu_per_op: float = 0.0  # host seconds per extent to submit and verify
     cpu_per_byte: float = 0.0  # host seconds per payload byte (checksum)
+    # CPUs that cost may use at once: 1 for the Python read paths (their work holds the GIL); more for
+    # the native path, whose submission, checks and copies run without it in each reaping thread.
+    cpu_cores: int = 1
     stripe_unit: int = 1 << 20
     placement: str | PlacementStrategy = "round_robin"
     coalesce: bool = False  # merge a batch's extents per drive into one op (large-scale planning)
@@ -53,6 +56,8 @@ class SystemModel:
             raise ValueError("engine_depth must be >= 1")
         if self.cpu_per_op < 0 or self.cpu_per_byte < 0:
             raise ValueError("cpu_per_op and cpu_per_byte must be >= 0")
+        if self.cpu_cores < 1:
+            raise ValueError("cpu_cores must be >= 1")
 
 
 @dataclass
@@ -99,7 +104,7 @@ class SimStore:
         own = {"host_link": m.host_link, "dram": m.dram_copy, "gpu": m.gpu_link}
         links = {k: self.shared.get(k) or (SimLink(env, v) if v else None) for k, v in own.items()}
         self.host_link, self.dram, self.gpu = links["host_link"], links["dram"], links["gpu"]
-        self.cpu = simpy.Resource(env, capacity=1)
+        self.cpu = simpy.Resource(env, capacity=m.cpu_cores)
         self.cpu_busy = 0.0
         self.catalog: dict[bytes, _Obj] = {}
         self.records: list[BatchRecord] = []
@@ -297,5 +302,5 @@ class SimStore:
         for name, link in (("host_link", self.host_link), ("dram", self.dram), ("gpu", self.gpu)):
             if link:
                 out[name] = link.busy / now
-        out["cpu"] = self.cpu_busy / now
+        out["cpu"] = self.cpu_busy / (now * self.model.cpu_cores)
         return out

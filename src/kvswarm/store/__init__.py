@@ -13,10 +13,12 @@ from kvswarm.store.store import (
     GetHandle,
     GetResult,
     KVStore,
+    NativeGetHandle,
     PutHandle,
+    ReadShape,
     write_manifest,
 )
 from kvswarm.store.verify import verify_submit
 
-__all__ = ["MANIFEST", "WRITER_LOCK", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "PutHandle",
-           "Runs", "StoreConfig", "verify_submit", "write_manifest"]
+__all__ = ["MANIFEST", "WRITER_LOCK", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "NativeGetHandle",
+           "PutHandle", "ReadShape", "Runs", "StoreConfig", "verify_submit", "write_manifest"]

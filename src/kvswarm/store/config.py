@@ -31,6 +31,11 @@ class StoreConfig:
     # The store's I/O is driven from one thread only (a driver thread, a benchmark loop): lets the
     # io_uring engine leave completions until that thread next enters the kernel (less CPU).
     single_thread_io: bool = False
+    # Reads and writes as whole batches on the native io_uring path (kvswarm.io.native: submission,
+    # header packing and checks, checksums and copies in C), where it is built and the kernel allows
+    # it; False, or KVSWARM_NATIVE_IO=0 in the environment, keeps them on the Python engine.  Not where
+    # wrap_engine wraps the engine (a user-space drive model paces the Python engine's requests).
+    native_io: bool = True
     # Read another process's store (its one writer keeps it): nothing is written, not even the
     # catalog; refresh() takes in what the writer has journaled since (see kvswarm.catalog).
     follow: bool = False

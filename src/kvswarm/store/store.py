@@ -43,6 +43,7 @@ from kvswarm.format import (
     HEADER_SIZE,
     KEY_DIGEST,
     PAYLOAD_CHECKSUM,
+    expected_headers,
     extent_size,
     key_digest,
     pack_header,
@@ -50,12 +51,13 @@ from kvswarm.format import (
     sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
+from kvswarm.io import native as native_io
 from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
 from kvswarm.store import verify
 from kvswarm.store.config import StoreConfig
-from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of
+from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
 from kvswarm.store.verify import Check, Reads, check_batch, hand_over
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,15 @@ def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stri
             os.close(fd)
     except OSError as e:
         raise MetadataError(f"cannot write manifest {path}: {e.strerror}") from e
+
+
+@dataclass(frozen=True)
+class ReadShape:
+    """How a caller should cut a stream of reads (:meth:`KVStore.read_shape`): ``keys`` per
+    submit_get batch, ``inflight`` batches outstanding."""
+
+    keys: int
+    inflight: int
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,12 @@ class GetHandle(_Handle):
             self._start_check()
         return self._check is None or self._check.done
 
+    @property
+    def reads_back(self) -> bool:
+        """Whether every read of the batch has completed (its verification may still be running): a
+        caller keeping a drive's queue full submits its next batch now, not after ``wait()``."""
+        return self._checking or self._batch.done
+
     def _start_check(self) -> None:
         results = self._batch.results
         if self._live is not None:  # extents on drives out of service were not read: EIO
@@ -222,6 +239,69 @@ class GetHandle(_Handle):
             self._store._abandoned.append(self._remains())
 
 
+class NativeGetHandle:
+    """A batched read on the native path (KVStore._submit_get_native): its I/O, header and checksum
+    checks and copies into the caller's buffers all run in kvswarm.io._batchio; ``wait()`` turns the
+    per-extent verdicts into the :class:`GetResult`, as :class:`GetHandle` does."""
+
+    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: Reads,
+                 batch: native_io.NativeBatch | None, lease: Lease | None, payload_at: np.ndarray,
+                 dst: list[Bufs | None] | None) -> None:
+        self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
+        self._batch, self._lease, self._at, self._dst = batch, lease, payload_at, dst
+        self._result: GetResult | None = None
+        self._failed = False
+
+    @property
+    def done(self) -> bool:
+        return self._failed or self._batch is None or self._batch.done
+
+    @property
+    def reads_back(self) -> bool:
+        """Whether every read of the batch has completed: here, as each read is verified when it is
+        taken in, the same as ``done``."""
+        return self.done
+
+    def poll(self) -> bool:
+        if not self.done:
+            self._store.native.poll(0)
+        return self.done
+
+    def wait(self) -> GetResult:
+        """The batch's outcome.  If this raises, the batch's buffers go back to the pool once its reads are
+        over (see KVStore._give_back); waiting again raises."""
+        if self._result is None:
+            if self._failed:
+                raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
+            try:
+                self._result = self._outcome()
+            except BaseException:
+                self._failed = True
+                if self._lease is not None:
+                    self._store._give_back(_Abandoned(self._batch, (), self._lease, []))
+                    self._lease = None
+                raise
+        return self._result
+
+    def _outcome(self) -> GetResult:
+        check = None
+        if self._batch is not None:
+            b = self._batch
+            self._store.native.wait(b)
+            ok = b.verdict == native_io.OK
+            io_ok = ok | (b.verdict >= native_io.BAD_HEADER)
+            lv, base = self._lease.view, self._lease.offset
+            payloads = [lv[a:a + m] for a, m in zip((self._at - base).tolist(), self._ext.part_payload.tolist())]
+            single = len(self._ext.obj) == len(self._ext.rows)
+            check = Check(b.res, io_ok, ok, single, self._at, payloads, self._dst, ())
+        return self._store._finish_get(self._keys, self._found, self._ext, self._reads, check, self._lease)
+
+    def __del__(self) -> None:
+        # Dropped unfinished: its buffers go back once its reads are over (see GetHandle.__del__).
+        if self._result is None and self._lease is not None and self._batch is not None:
+            self._store._abandoned.append(_Abandoned(self._batch, (), self._lease, []))
+
+
 class _Abandoned(NamedTuple):
     """A batch nobody will finish (its wait() raised, or its handle was dropped): its buffers, and a
     put's extents, are reused only once its I/Os and verify jobs are over (see KVStore._reclaim)."""
@@ -247,10 +327,19 @@ def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
 
 
 class PutHandle(_Handle):
-    def __init__(self, store: KVStore, batch: Batch, staged: tuple) -> None:
+    """A batched write in flight, on the Python engine (``batch`` a Batch) or the native ring (a
+    NativeBatch); ``wait()`` records what was written in the catalog."""
+
+    def __init__(self, store: KVStore, batch: Batch | native_io.NativeBatch, staged: tuple) -> None:
         self._store, self._batch = store, batch
+        self._io = store.native if isinstance(batch, native_io.NativeBatch) else store.engine
         self._staged: tuple | None = staged  # None once finished or failed
         self._done: list[bool] | None = None
+
+    def poll(self) -> bool:
+        if not self._batch.done:
+            self._io.poll(0)
+        return self.done
 
     def wait(self) -> list[bool]:
         """Per item: True when stored (the catalog now points at it).  If the engine raises, nothing is
@@ -260,7 +349,7 @@ class PutHandle(_Handle):
             if self._staged is None:
                 raise KVSwarmError("this put failed earlier")
             try:
-                self._store.engine.wait(self._batch)
+                self._io.wait(self._batch)
             except BaseException:
                 self._store.counters["put_failures"] += len(self._staged[0])
                 self._store._give_back(self._remains())
@@ -354,12 +443,17 @@ class KVStore:
                 made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
-            self.engine: IOEngine = make_engine(config.backend, config.queue_depth, config.single_thread_io)
-            if config.wrap_engine is not None:
-                self.engine = config.wrap_engine(self.engine)
+            plain = make_engine(config.backend, config.queue_depth, config.single_thread_io)
+            self.engine: IOEngine = plain if config.wrap_engine is None else config.wrap_engine(plain)
             for d in self.drives:
                 if d.fd >= 0:
                     self.engine.attach(d.index, d.fd, d.stats)
+            self.native: native_io.NativeIO | None = None
+            if self.engine is plain and native_io.enabled(config.native_io):  # unwrapped: nothing paces it
+                self.native = native_io.NativeIO(config.queue_depth, config.single_thread_io)
+                for d in self.drives:
+                    if d.fd >= 0:
+                        self.native.attach(d.index, d.fd, d.stats)
             self.placement = make_placement(config.placement)
             self.pool = BufferPool(config.buffer_pool_bytes)
             if new:  # the store exists once its manifest does: written last
@@ -370,6 +464,8 @@ class KVStore:
         except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
             if getattr(self, "engine", None) is not None:
                 self.engine.close()
+            if getattr(self, "native", None) is not None:
+                self.native.close()
             if getattr(self, "catalog", None) is not None:
                 with contextlib.suppress(KVSwarmError, OSError):
                     self.catalog.close()
@@ -560,6 +656,8 @@ class KVStore:
             if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
                 raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
                                   f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
+        if self.native is not None:
+            return self._submit_put_native(items, hints, mvs, unit)
         lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
         # Payloads and headers are written through the pool's mmap (a plain buffer copy);
         # the I/O requests get memoryviews of the same bytes.
@@ -619,6 +717,60 @@ class KVStore:
             raise
         return PutHandle(self, self.engine.submit(reqs, checked=True), (staged, reqs, lease))
 
+    def _submit_put_native(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
+                           mvs: list[Bufs], unit: int) -> PutHandle:
+        """submit_put on the native path: placement and allocation here, per object; the extents' layout
+        (payload gathered, header packed, checksums) and their writes in kvswarm.io._batchio, per batch."""
+        lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
+        place = self.placement.place
+        objs: list[tuple[bytes, int, int, int]] = []  # digest, generation, length, parts
+        cols: list[tuple[int, int, int, int]] = []  # per extent: drive, offset, extent bytes, payload bytes
+        srcs: list[Bufs] = []
+        try:
+            views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
+            allocs = [d.alloc for d in self.drives]
+            gen0 = self.catalog.new_generations(len(items))
+            for j, ((key, _), mv) in enumerate(zip(items, mvs)):
+                digest = KEY_DIGEST(key)
+                n = bufs_len(mv)
+                parts = max(1, -(-n // unit))
+                targets = place(digest, parts, views, hints[j] if hints else None)
+                for part in range(parts):
+                    chunk = part_of(mv, part * unit, unit) if parts > 1 else mv
+                    c = bufs_len(chunk)
+                    ext_len = extent_size(c)
+                    drv = targets[part]
+                    off = allocs[drv].alloc(ext_len)
+                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
+                        drv, off = self._alloc(drv, ext_len)
+                    cols.append((drv, off, ext_len, c))
+                    srcs.append(chunk)
+                objs.append((digest, gen0 + j, n, parts))
+            drive, offset, ext_len, plen = (np.array([c[f] for c in cols], np.int64) for f in range(4))
+            at = lease.offset + np.cumsum(ext_len) - ext_len
+            nparts = np.array([p for *_, p in objs], np.int64)
+            part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
+
+            def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
+                return np.repeat(np.array(values, dtype), nparts)
+
+            sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
+                                  plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
+                                  per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
+                                  per_extent([g for _, g, _, _ in objs], np.int64))
+        except BaseException:  # e.g. DriveFull in a later part: every extent taken so far goes back
+            self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln, _ in cols)))
+            lease.release()
+            raise
+        staged: list[tuple[bytes, Entry, int]] = []
+        csums, k = sums.tolist(), 0
+        for digest, gen, n, parts in objs:
+            exts = tuple(Extent(d, o, ln, cs) for (d, o, ln, _), cs in zip(cols[k:k + parts], csums[k:k + parts]))
+            staged.append((digest, Entry(gen, n, exts), parts))
+            k += parts
+        batch = self.native.submit(Op.WRITE, self.pool.array, drive, offset, ext_len, at)
+        return PutHandle(self, batch, (staged, batch, lease))
+
     def put_many(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> list[bool]:
         return self.submit_put(items, hints).wait()
 
@@ -647,24 +799,32 @@ class KVStore:
             return self._alloc(drive, nbytes)
         raise DriveFull(f"no drive has {nbytes} B free (pool full)")
 
-    def _finish_put(self, staged: tuple[list[tuple[bytes, Entry, int]], list[IORequest], Lease]) -> list[bool]:
-        items, reqs, lease = staged
+    def _finish_put(self, staged: tuple[list[tuple[bytes, Entry, int]], list[IORequest] | native_io.NativeBatch,
+                                        Lease]) -> list[bool]:
+        items, io, lease = staged
+        if isinstance(io, native_io.NativeBatch):
+            drives, offsets = io.drive.tolist(), io.offset.tolist()
+            lengths, results = io.length.tolist(), io.res.tolist()
+        else:
+            drives, offsets = [r.drive for r in io], [r.offset for r in io]
+            lengths, results = [len(r.buf) for r in io], [r.result for r in io]
         out = []
         done: list[tuple[bytes, Entry]] = []
         k = 0
         try:
             for digest, entry, parts in items:
                 ok = True
-                for r in reqs[k:k + parts]:
-                    if r.result == -errno.ENOSPC:  # a thin volume out of space: full, not failed
-                        d = self.drives[r.drive]
+                for x in range(k, k + parts):
+                    drv, res = drives[x], results[x]
+                    if res == -errno.ENOSPC:  # a thin volume out of space: full, not failed
+                        d = self.drives[drv]
                         d.nospc += 1
-                        d.mark_full(f"a write at {r.offset}")
+                        d.mark_full(f"a write at {offsets[x]}")
                         ok = False
-                    elif r.result != len(r.buf):
-                        self._io_error(r.drive, r.offset, r.result)
+                    elif res != lengths[x]:
+                        self._io_error(drv, offsets[x], res)
                         ok = False
-                    elif not self.drives[r.drive].healthy:  # failed while it was written: never readable
+                    elif not self.drives[drv].healthy:  # failed while it was written: never readable
                         ok = False
                 k += parts
                 if ok:
@@ -733,7 +893,11 @@ class KVStore:
         end = time.monotonic() + timeout
         try:
             while not a.batch.done:
-                self.engine.poll(max(0.0, min(end - time.monotonic(), 0.01)))
+                slice_s = max(0.0, min(end - time.monotonic(), 0.01))
+                if isinstance(a.batch, native_io.NativeBatch):
+                    self.native.poll(slice_s)
+                else:
+                    self.engine.poll(slice_s)
                 if not a.batch.done and time.monotonic() >= end:
                     return False
         except Exception:  # a broken (or closed) engine: its I/O cannot be confirmed over
@@ -760,7 +924,7 @@ class KVStore:
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None,
-                   in_place: bool = False) -> GetHandle:
+                   in_place: bool = False) -> GetHandle | NativeGetHandle:
         """Read ``keys`` in one batch; returns at once (``handle.wait()`` gives the GetResult).
 
         ``into``: per key, a writable buffer of exactly the object's length (or None) to receive
@@ -785,10 +949,13 @@ class KVStore:
         return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into, in_place)
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
-                           into: Sequence[object | None] | None = None, in_place: bool = False) -> GetHandle:
+                           into: Sequence[object | None] | None = None,
+                           in_place: bool = False) -> GetHandle | NativeGetHandle:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         if self.engine is None:
             self._check_open()
+        if self.native is not None and not (in_place and verify.verify_submit is not None):
+            return self._submit_get_native(digests, keys, into)
         found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
@@ -821,11 +988,54 @@ class KVStore:
         batch = self.engine.submit_reads(drives, offsets, bufs)
         return GetHandle(self, keys if keys is not None else digests, found, ext, reads, batch, live, lease)
 
+    def _submit_get_native(self, digests: Sequence[bytes], keys: Sequence[bytes] | None,
+                           into: Sequence[object | None] | None) -> NativeGetHandle:
+        """submit_get on the native path: the batch's extents, their expected headers, payload spans,
+        checksums and the caller's buffers as arrays, handed to kvswarm.io._batchio in one call."""
+        found, ext = self.catalog.locate(digests)
+        span = ext.length.astype(np.int64)
+        bufs_in: list[Bufs | None] | None = None
+        if into is not None:
+            if len(into) != len(digests):
+                raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
+            bufs_in = [None if into[i] is None else as_bufs(into[i], True) for i in found]
+        k = len(span)
+        starts = np.cumsum(span) - span
+        reads = Reads(starts, bufs_in)
+        keys_out = keys if keys is not None else digests
+        if not k:
+            return NativeGetHandle(self, keys_out, found, ext, reads, None, None, starts, None)
+        lease = self._lease(int(starts[-1] + span[-1]))
+        pp = ext.part_payload
+        sector = sector_payload(pp)
+        single = len(ext.obj) == len(ext.rows)
+        rows = ext.rows if single else ext.rows[ext.obj]
+        want = expected_headers(rows["digest"], rows["payload_len"], ext.part, ext.parts, rows["generation"], ext.csum,
+                                sector)
+        at = lease.offset + starts
+        poff = np.where(sector, ALIGN, HEADER_SIZE).astype(np.int64)
+        dst = parts = None
+        if bufs_in is not None:
+            dst = parts = sized(bufs_in, ext.rows["payload_len"])
+            if not single:  # each extent's payload goes to its own slice of the object's buffer
+                cs = np.cumsum(pp) - pp
+                at_obj = (cs - cs[np.flatnonzero(ext.part == 0)][ext.obj]).tolist()
+                parts = [None if dst[o] is None else part_of(dst[o], a, n)
+                         for o, a, n in zip(ext.obj.tolist(), at_obj, pp.tolist())]
+        drive = ext.drive.astype(np.int64)
+        if not all(d.healthy for d in self.drives):  # extents on drives out of service are not read: EIO
+            drive[~np.array([d.healthy for d in self.drives])[drive]] = -1
+        batch = self.native.submit(Op.READ, self.pool.array, drive, ext.offset.astype(np.int64), span, at,
+                                   want, poff, pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64), parts)
+        return NativeGetHandle(self, keys_out, found, ext, reads, batch, lease, at + poff, dst)
+
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
         flight, else for the next batch under verification; returns how many I/Os or batches
         finished.  With ``handle.done`` a caller finishes handles in the order they complete, so one
         slow read does not hold up the others."""
+        if self.native is not None and self.native.inflight():
+            return self.native.poll(timeout)
         if self.engine.inflight():
             before = self.engine.completions
             self.engine.poll(timeout)
@@ -1070,6 +1280,8 @@ class KVStore:
         if getattr(self, "engine", None) is None:
             return
         self.engine.close()
+        if self.native is not None:
+            self.native.close()
         while self._verifying:  # the worker holds views of the pool until it is done
             self._verifying.popleft().wait()
         try:
@@ -1133,6 +1345,8 @@ class KVStore:
 
     @property
     def drive_stats(self) -> list[DriveStats]:
+        if getattr(self, "native", None) is not None:
+            self.native.fold_stats()
         return [d.stats for d in self.drives]
 
     def registry(self):
@@ -1143,10 +1357,10 @@ class KVStore:
         return {
             "objects": len(self.catalog),
             "counters": dict(self.counters),
-            "drives": [d.stats.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
-                                             "free_bytes": d.free_bytes, "capacity": d.capacity,
-                                             "direct_io": d.direct, "kind": d.kind}
-                       for d in self.drives],
+            "drives": [st.snapshot() | {"healthy": d.healthy, "reason": d.reason, "full": d.full,
+                                        "free_bytes": d.free_bytes, "capacity": d.capacity,
+                                        "direct_io": d.direct, "kind": d.kind}
+                       for d, st in zip(self.drives, self.drive_stats)],
         }
 
     def digests(self) -> Iterable[bytes]:
@@ -1216,6 +1430,11 @@ class KVStore:
         """Reap I/O completions, waiting up to ``timeout`` seconds for one (None: until one comes):
         a caller with many handles in flight reaps once, then asks each handle's ``done`` (no
         system call) rather than ``poll`` per handle."""
+        if self.native is not None and self.native.inflight():
+            self.native.poll(timeout)
+            if not self.engine.inflight():
+                return
+            timeout = 0.0  # the engine's completions too, without a second wait
         self.engine.poll(timeout)
 
     def warm_buffers(self) -> bool:
@@ -1231,6 +1450,25 @@ class KVStore:
     def room(self) -> int:
         """Bytes of the largest lease the buffer pool grants now (one free run of it)."""
         return self.pool.largest_free
+
+    def read_shape(self, object_bytes: int) -> ReadShape:
+        """The batch shape that keeps this store's drives busy for reads of objects taking
+        ``object_bytes`` each (:meth:`object_bytes`): twice every healthy drive's queue depth of
+        extents outstanding (the drives stay full while finished batches are verified and handed
+        over), in batches of at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys)
+        but at least 4 keys (one submission per few large objects), within half the buffer pool."""
+        size = max(ALIGN, object_bytes)
+        extents = max(1, -(-size // self.config.stripe_unit))
+        keys = max(4, min(256, (4 << 20) // size))
+        healthy = sum(d.healthy for d in self.drives) or 1
+        want = 2 * healthy * self.config.queue_depth
+        inflight = max(2, -(-want // (keys * extents)))
+        room = self.config.buffer_pool_bytes // 2
+        while inflight > 2 and keys * inflight * size > room:
+            inflight -= 1
+        while keys > 1 and keys * inflight * size > room:
+            keys //= 2
+        return ReadShape(keys, inflight)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
         """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,

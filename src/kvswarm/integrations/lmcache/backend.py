@@ -51,9 +51,11 @@ log = logging.getLogger(__name__)
 
 MODULE_PATH = "kvswarm.integrations.lmcache"
 CLASS_NAME = "KVSwarmLMCacheBackend"
-# Reads go in batches of one chunk per drive (chunks are placed round-robin), this many at once: a
-# batch's chunks are verified while the next batches are still being read.
-READS_IN_FLIGHT = 4
+# Reads go in batches of one chunk per drive (chunks are placed round-robin), this many with their I/O
+# in flight at once: the next batch is submitted as soon as the oldest's reads are back, and the oldest is
+# verified while it is read, so a drive never idles on verification (a chunk is many bios already: a
+# deeper queue of whole chunks only makes them finish together).
+READS_IN_FLIGHT = 2
 ROOM_WAIT_S = 5.0  # how long a batch waits for buffer-pool room (other threads' leases) before it fails
 
 
@@ -330,13 +332,16 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                 ok[i] = False
 
     def _batches(self, costs: list[int], submit: Callable[[int, int], Any],
-                 finish: Callable[[int, int, Any], None], per_batch: int = 0, in_flight: int = 2) -> None:
+                 finish: Callable[[int, int, Any], None], per_batch: int = 0, in_flight: int = 2,
+                 reads_back: Callable[[Any], None] | None = None) -> None:
         """Move objects ``[0, len(costs))`` as store batches, ``costs`` being each one's buffer-pool
         bytes (0: read in place), at most half the pool and ``per_batch`` objects (0: any) a batch,
         ``in_flight`` of them at once: ``submit(a, b)`` gives a handle, ``finish(a, b, handle)`` takes
-        its outcome, in order.  A batch the pool has no room for (other threads' leases) waits for
-        this call's earlier batch, else is halved, else (one object) waits up to ROOM_WAIT_S for room,
-        else fails."""
+        its outcome, in order.  With ``reads_back(handle)`` (returns once the handle's I/O is back),
+        a batch counts as in flight until its I/O is back rather than until it is finished: the next
+        batch is submitted before the oldest is verified, so the drives do not idle meanwhile.  A
+        batch the pool has no room for (other threads' leases) waits for this call's earlier batch,
+        else is halved, else (one object) waits up to ROOM_WAIT_S for room, else fails."""
         cap = max(1, self.store.buffer_bytes // 2)
         todo: list[tuple[int, int]] = []
         a, acc = 0, 0
@@ -348,7 +353,8 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         if costs:
             todo.append((a, len(costs)))
         todo.reverse()  # a stack: halves go back on top
-        inflight: list[tuple[int, int, Any]] = []
+        inflight: list[tuple[int, int, Any]] = []  # oldest first; with reads_back, the head may be verifying
+        back = 0  # 1 when the head of inflight has its I/O back and waits to be finished
         waited: float | None = None
         try:
             while todo:
@@ -359,6 +365,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                 except BufferPoolExhausted:
                     if inflight:
                         finish(*inflight.pop(0))
+                        back = 0
                         todo.append((a, b))
                     elif b - a > 1:
                         m = (a + b) // 2
@@ -370,8 +377,15 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         time.sleep(0.001)
                         todo.append((a, b))
                     continue
-                if len(inflight) >= in_flight:
+                if back:  # verified while the batch just submitted is being read
                     finish(*inflight.pop(0))
+                    back = 0
+                if len(inflight) >= in_flight:
+                    if reads_back is None:
+                        finish(*inflight.pop(0))
+                    else:
+                        reads_back(inflight[0][2])
+                        back = 1
         finally:
             while inflight:
                 finish(*inflight.pop(0))
@@ -416,7 +430,8 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         try:
             self._batches([0 if _in_place(b) else self.store.object_bytes(len(b)) for b in bufs],
                           lambda a, b: self.store.submit_get([sk for _, sk, _ in want[a:b]], bufs[a:b], in_place=True),
-                          finish, per_batch=self.store.num_drives, in_flight=READS_IN_FLIGHT)
+                          finish, per_batch=self.store.num_drives, in_flight=READS_IN_FLIGHT,
+                          reads_back=self._reads_back)
         except Exception:  # the chunks of the batches not read go back to LMCache's allocator, as misses
             log.exception("kvswarm LMCache plugin: a read of %d chunks failed", len(want))
             for (_, _, obj), done in zip(want, settled):
@@ -426,6 +441,11 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         self.counters["hits"] += hits
         self.counters["misses"] += len(keys) - hits
         return out
+
+    def _reads_back(self, handle) -> None:
+        """Returns once ``handle``'s reads are all back (taking the store's I/O completions meanwhile)."""
+        while not handle.reads_back:
+            self.store.progress(0.05)
 
     def get_blocking(self, key: CacheEngineKey) -> MemoryObj | None:
         return self._read([key], busy_loop=True)[0]

@@ -5,6 +5,8 @@
 - ``KVSwarmTierManager`` (``{"type": "KVSwarmTierManager", "module_path":
   "kvswarm.integrations.vllm.tier", ...}`` in ``secondary_tiers``): the tier alone, under
   vLLM's own ``TieringOffloadingSpec`` on GPU servers.
+- ``CPUTieringOffloadingSpec``: vLLM's tiered offloading with its own secondary tiers (``fs``)
+  and kvswarm's worker, so they run on vLLM's CPU backend too.
 
 Imported lazily, so the engine-free parts (``copier``) load without vLLM installed.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {"KVSwarmOffloadingSpec": "kvswarm.integrations.vllm.spec",
+            "CPUTieringOffloadingSpec": "kvswarm.integrations.vllm.spec",
             "KVSwarmTierManager": "kvswarm.integrations.vllm.tier"}
 __all__ = list(_EXPORTS)
 

@@ -11,6 +11,9 @@ scheduler-side manager) with two changes: the ``kvswarm`` section becomes a
 :class:`~kvswarm.integrations.vllm.tier.KVSwarmTierManager` secondary tier, and the
 worker is :class:`~kvswarm.integrations.vllm.worker.KVSwarmOffloadingWorker`, which
 also runs where vLLM's CUDA/XPU-only worker does not (the CPU backend).
+
+``CPUTieringOffloadingSpec`` is the same without the ``kvswarm`` section: vLLM's own secondary
+tiers (its ``fs`` tier) under the same worker, on the CPU backend too.
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ def with_kvswarm_tier(extra_config: dict) -> dict:
     return extra
 
 
-class KVSwarmOffloadingSpec(TieringOffloadingSpec):
+class CPUTieringOffloadingSpec(TieringOffloadingSpec):
+    """vLLM's ``TieringOffloadingSpec`` (any secondary tiers, vLLM's fs tier included) with kvswarm's
+    worker, so that it also runs on vLLM's CPU backend (``spec_name: "CPUTieringOffloadingSpec"``).
+    Tiers compared under it differ in the tier alone: same worker, same primary region."""
+
     def __init__(self, config: OffloadingConfig) -> None:
         if config.canonical_layout:
-            raise ValueError("KVSwarmOffloadingSpec stores each worker's direct layout; drop canonical_layout")
-        super().__init__(dataclasses.replace(config, extra_config=with_kvswarm_tier(config.extra_config)))
+            raise ValueError(f"{type(self).__name__} stores each worker's direct layout; drop canonical_layout")
+        super().__init__(config)
         self._worker: OffloadingWorker | None = None
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -61,3 +68,8 @@ class KVSwarmOffloadingSpec(TieringOffloadingSpec):
                 region.cleanup()
                 raise
         return self._worker
+
+
+class KVSwarmOffloadingSpec(CPUTieringOffloadingSpec):
+    def __init__(self, config: OffloadingConfig) -> None:
+        super().__init__(dataclasses.replace(config, extra_config=with_kvswarm_tier(config.extra_config)))

@@ -14,6 +14,10 @@ or, once the region is in 2 MiB pages (from the first load on), read straight in
 fails its checksum, or whose drive failed, is deleted and reported failed, so vLLM
 recomputes it and the next lookup is a miss (never wrong KV, never a promotion loop).
 
+With ``load_policy: "deadline"`` (and ``recompute_tokens_per_s``, the engine's prefill rate) a block that
+cannot arrive before recomputing it would finish is answered MISS, so vLLM recomputes it rather than
+waits for it (:mod:`~kvswarm.integrations.vllm.load_policy`; ``load_stats`` counts how often).
+
 With ``follow: true`` the tier reads another engine's store without writing to it (a decode
 instance reading what a prefill instance stores, on the same drives): its driver thread takes
 in the writer's flushes every ``refresh_interval`` seconds, and it reports every store job as
@@ -53,6 +57,7 @@ from kvswarm.errors import FlushError
 from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.integrations.vllm.cluster import ClusterLink
+from kvswarm.integrations.vllm.load_policy import make_load_policy
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
 from kvswarm.cluster.pool import FetchHandle
@@ -227,9 +232,11 @@ class KVSwarmTierManager(SecondaryTierManager):
                  model_id: str | None = None, durable: bool = True, flush_interval: float = 0.02,
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
-                 refresh_interval: float = 0.05, huge_pages: bool = True, cluster: dict | None = None,
+                 refresh_interval: float = 0.05, huge_pages: bool = True, load_policy: str = "always",
+                 recompute_tokens_per_s: float | None = None, cluster: dict | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.load_policy = make_load_policy(load_policy, recompute_tokens_per_s)  # first: a bad one opens nothing
         # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
         # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
         region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
@@ -278,6 +285,13 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._healthy = self.store.num_drives  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
+        self._chunk_tokens = self.layout.tokens_per_block
+        # Load bytes queued: submitted (scheduler thread) minus finished (driver thread), each written by one thread.
+        self._load_bytes_submitted = 0
+        self._load_bytes_finished = 0
+        self._found: dict[str, int] = {}  # per request: blocks this tier's lookups found (and kept) so far
+        self._lookup_hits = 0
+        self._declined = 0  # blocks found but answered MISS: the load policy chose to recompute them
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self.cluster: ClusterLink | None = None
         if cluster is not None:
@@ -296,7 +310,13 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     # ---- scheduler-facing (non-blocking) -------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._found[req_context.req_id] = 0
         return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._found.pop(req_context.req_id, None)
+        if self.cluster is not None:
+            self.cluster.lookups.cleanup(req_context.req_id)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         # The catalog is in memory: a lookup is one digest and a dict probe, even right after a
@@ -307,8 +327,21 @@ class KVSwarmTierManager(SecondaryTierManager):
                 return _MISS
             found = self.cluster.lookups.lookup(key, req_context)  # None: asked, not answered yet
             return _RETRY if found is None else _HIT if found else _MISS
+        n = self._found.get(req_context.req_id, 0)
+        bs = self.block_size_bytes
+        queued = self._load_bytes_submitted - self._load_bytes_finished + n * bs
+        if not self.load_policy.worth_loading(queued, bs, (n + 1) * self._chunk_tokens):
+            self._declined += 1
+            return _MISS  # recomputed: this block would arrive after its recompute
+        self._found[req_context.req_id] = n + 1
+        self._lookup_hits += 1
         self._seen.append(sk)  # recency is the driver's business: the scheduler thread only queues
         return _HIT
+
+    def load_stats(self) -> dict[str, int]:
+        """Lookup hits answered HIT, blocks found but recomputed by the load policy, load bytes submitted."""
+        return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
+                "load_bytes_submitted": self._load_bytes_submitted}
 
     def _digest(self, key: OffloadKey) -> bytes:
         return KEY_DIGEST(self._prefix + key)
@@ -316,10 +349,6 @@ class KVSwarmTierManager(SecondaryTierManager):
     def on_schedule_end(self, context) -> None:
         if self.cluster is not None:
             self.cluster.lookups.flush()  # this step's cluster lookups, as one index query
-
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        if self.cluster is not None:
-            self.cluster.lookups.cleanup(req_context.req_id)
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         self._enqueue(job_metadata, load=False)
@@ -385,6 +414,8 @@ class KVSwarmTierManager(SecondaryTierManager):
             raise ValueError(f"job {job.job_id}: chunk ids do not match keys or lie outside the primary tier")
         with self._idle:
             self._pending += 1
+        if load:
+            self._load_bytes_submitted += len(keys) * bs
         if self.follow and not load:  # another engine writes this store: nothing stored, nothing lost
             self._report(JobResult(job.job_id, False, None, 0.0, 0), [])
             return
@@ -818,6 +849,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         success = len(ok_keys) == len(j.keys)
         result = JobResult(j.job.job_id, success, None if success or not j.load else tuple(ok_keys),
                            time.perf_counter() - j.t0, len(ok_keys) * self.block_size_bytes)
+        if j.load:
+            self.load_policy.observe(len(ok_keys) * self.block_size_bytes, result.transfer_time)
+            self._load_bytes_finished += len(j.keys) * self.block_size_bytes
         # Loads write nothing: no store keys to work out for them.
         stored = [k for k in j.keys if self.keyspace.key(k) in j.written] if j.written else []
         self._report(result, stored)

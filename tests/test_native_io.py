@@ -1,0 +1,174 @@
+"""The native batch path (kvswarm.io._batchio through kvswarm.io.native) on its own: real files with
+O_DIRECT, verdicts per extent, per-drive depth, EIO for drives without a file, statistics, threads."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvswarm.buffers import BufferPool
+from kvswarm.io import Op
+from kvswarm.io import native
+from kvswarm.metrics import DriveStats
+
+SZ = 8192
+HDR = 56
+
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Two files of 64 random 8 KiB extents each, opened O_DIRECT; their bytes."""
+    rng = np.random.default_rng(7)
+    data, fds = [], []
+    for d in range(2):
+        b = rng.bytes(64 * SZ)
+        p = tmp_path / f"d{d}"
+        p.write_bytes(b)
+        data.append(b)
+        fds.append(os.open(p, os.O_RDWR | os.O_DIRECT))
+    yield fds, data
+    for fd in fds:
+        os.close(fd)
+
+
+def _io(fds, depth=4):
+    io = native.NativeIO(depth)
+    stats = [DriveStats(f"d{d}") for d in range(len(fds))]
+    for d, fd in enumerate(fds):
+        io.attach(d, fd, stats[d])
+    return io, stats
+
+
+def _reads(data, drive, idx):
+    """Arrays for verified reads of extents idx on drives drive: expected headers (the first 56 bytes),
+    payload after 64 bytes, its xxh3."""
+    n = len(idx)
+    want = np.frombuffer(b"".join(data[d][i * SZ:i * SZ + HDR] for d, i in zip(drive, idx)), np.uint8).copy()
+    sums = np.array([xxhash.xxh3_64_intdigest(data[d][i * SZ + 64:(i + 1) * SZ]) for d, i in zip(drive, idx)],
+                    np.uint64)
+    return (np.array(drive, np.int64), np.array(idx, np.int64) * SZ, np.full(n, SZ, np.int64),
+            np.arange(n, dtype=np.int64) * SZ, want, np.full(n, 64, np.int64), np.full(n, SZ - 64, np.int64), sums)
+
+
+def test_reads_are_verified_and_scattered_with_a_verdict_each(files):
+    fds, data = files
+    io, stats = _io(fds)
+    pool = BufferPool(1 << 20)
+    drive, idx = [0, 1] * 20, list(range(40))
+    d, off, ln, at, want, poff, plen, sums = _reads(data, drive, idx)
+    sums[3] ^= 1  # a stale checksum
+    want[5 * HDR + 10] ^= 1  # a header that differs
+    d[7] = 9  # a drive without a file: EIO, no I/O
+    into = [bytearray(SZ - 64) for _ in idx]
+    into[8] = None  # verified, copied nowhere
+    runs = np.array([0, 5000], np.int64), np.array([5000, SZ - 64 - 5000], np.int64)
+    into[9] = (bytearray(2 * SZ), *runs)  # scattered over two runs
+    b = io.submit(Op.READ, pool.array, d, off, ln, at, want, poff, plen, sums, into)
+    io.wait(b)
+    assert b.verdict[3] == native.BAD_CHECKSUM and b.verdict[5] == native.BAD_HEADER
+    assert b.verdict[7] == native.ERRNO and b.res[7] == -5
+    good = [i for i in range(40) if i not in (3, 5, 7)]
+    assert (b.verdict[good] == native.OK).all() and (b.res[good] == SZ).all()
+    for i in good:
+        src = data[drive[i]][idx[i] * SZ + 64:(idx[i] + 1) * SZ]
+        if i == 9:
+            base = into[9][0]
+            assert bytes(base[:5000]) + bytes(base[5000:SZ - 64]) == src
+        elif i != 8:
+            assert bytes(into[i]) == src
+    assert bytes(into[3]) == bytes(SZ - 64)  # a failed read is copied nowhere
+    io.fold_stats()
+    assert stats[0].ops[0] + stats[1].ops[0] == 39 and stats[0].bytes[0] + stats[1].bytes[0] == 39 * SZ
+    assert io.inflight() == 0 and io.completions == 39
+    io.close()
+
+
+def test_a_short_read_and_writes(files, tmp_path):
+    fds, data = files
+    io, stats = _io(fds)
+    pool = BufferPool(1 << 20)
+    arr = pool.array
+    arr[:4 * SZ] = np.frombuffer(data[0][:4 * SZ], np.uint8)[::-1]
+    n = 4
+    b = io.submit(Op.WRITE, arr, np.ones(n, np.int64), np.arange(n, dtype=np.int64) * SZ + 64 * SZ,
+                  np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    io.wait(b)
+    io.fold_stats()
+    assert (b.verdict == native.OK).all() and stats[1].ops[1] == n
+    os.fdatasync(fds[1])
+    with open(tmp_path / "d1", "rb") as f:
+        f.seek(64 * SZ)
+        assert f.read(4 * SZ) == bytes(arr[:4 * SZ])
+    # Past the end of drive 0's file: a short read (0 bytes), not data.
+    d, off, ln, at, want, poff, plen, sums = _reads(data, [0], [0])
+    off[0] = 64 * SZ
+    b = io.submit(Op.READ, arr, d, off, ln, at, want, poff, plen, sums)
+    io.wait(b)
+    assert b.verdict[0] == native.SHORT and b.res[0] == 0
+    io.close()
+
+
+def test_bad_arrays_are_refused_before_any_io(files):
+    fds, data = files
+    io, _ = _io(fds)
+    pool = BufferPool(1 << 20)
+    d, off, ln, at, want, poff, plen, sums = _reads(data, [0, 1], [0, 1])
+    bad_at = at.copy()
+    bad_at[1] = len(pool.array) - 100  # past the end of the buffer
+    with pytest.raises(ValueError, match="outside its buffer"):
+        io.submit(Op.READ, pool.array, d, off, ln, bad_at, want, poff, plen, sums)
+    with pytest.raises(ValueError, match="expected 2 items"):
+        io.submit(Op.READ, pool.array, d, off[:1], ln, at, want, poff, plen, sums)
+    with pytest.raises(ValueError, match="payload 0 lies outside"):
+        io.submit(Op.READ, pool.array, d, off, ln, at, want, poff + SZ, plen, sums)
+    with pytest.raises(ValueError, match="buffer 1 holds"):
+        io.submit(Op.READ, pool.array, d, off, ln, at, want, poff, plen, sums, [None, bytearray(3)])
+    assert io.inflight() == 0
+    io.close()
+
+
+def test_depth_per_drive_and_many_batches_from_several_threads(files):
+    """Each drive has at most `depth` I/Os in the ring; batches from four threads sharing one ring all
+    finish, each extent verified once."""
+    fds, data = files
+    io, stats = _io(fds, depth=2)
+    pool = BufferPool(16 << 20)
+    seen = []
+    errors = []
+
+    def worker(t):
+        try:
+            for k in range(10):
+                drive = [(t + i) % 2 for i in range(32)]
+                idx = [(t * 7 + k * 3 + i) % 64 for i in range(32)]
+                d, off, ln, at, want, poff, plen, sums = _reads(data, drive, idx)
+                at += (t * 10 + k) * 32 * SZ  # each batch its own part of the pool
+                b = io.submit(Op.READ, pool.array, d, off, ln, at, want, poff, plen, sums)
+                seen.append(max(io.busy(0), io.busy(1)))
+                io.wait(b)
+                assert (b.verdict == native.OK).all()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert max(seen) <= 2
+    io.fold_stats()
+    assert stats[0].ops[0] + stats[1].ops[0] == 4 * 10 * 32 and io.inflight() == 0
+    io.close()
+
+
+def test_the_env_var_turns_the_path_off(monkeypatch):
+    assert native.available(), "kvswarm.io._batchio was not built, or io_uring is refused"
+    assert native.enabled()
+    monkeypatch.setenv(native.ENV, "0")
+    assert not native.enabled()
+    monkeypatch.delenv(native.ENV)
+    assert not native.enabled(False)
