@@ -72,7 +72,7 @@ def test_store_lookup_load_round_trip_and_restart(drives, primary):
     res = run.run(keys, range(8), load=False)
     assert res.success and res.transfer_bytes == 8 * LAYOUT.block_bytes
     assert run.lookup(keys + keys_for(1, salt=9)) == [LookupResult.HIT] * 8 + [LookupResult.MISS]
-    assert {d.index for d in tier.store.drives if d.stats.ops[1]} == {0, 1, 2}  # striped over all drives
+    assert {i for i, st in enumerate(tier.store.drive_stats) if st.ops[1]} == {0, 1, 2}  # striped over all drives
     tier.shutdown()
 
     primary.mm[:] = bytes(len(primary.mm))
