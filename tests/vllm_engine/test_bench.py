@@ -79,11 +79,12 @@ def test_eight_drives_reports_efficiency_per_drive_cap(tmp_path):
 
     from kvswarm.bench.vllm_bench import eight_drives, summarize
 
-    e = eight_drives(64 << 10, 8 << 20, "uring", 1, Console(file=open(os.devnull, "w")))
+    e = eight_drives(64 << 10, 8 << 20, "uring", 1, Console(file=open(os.devnull, "w")), window_s=2.0)
     cap = e["testbed"]["caps"]["read_mbps"] / 1e3
     assert e["efficiency_fs"] == pytest.approx(e["fs_1_drive"]["restore_gbps"] / cap)
     assert e["efficiency_kvswarm"] == pytest.approx(e["kvswarm_8_drives"]["restore_gbps"] / (8 * cap))
-    assert e["efficiency_kvswarm"] > 0 and e["efficiency_fs"] > 0  # 8 MiB restores: too short to bound by 1.0
+    # Restores timed over a 2 s window after a drain: at most one 100 ms slice of credit beyond the caps.
+    assert 0 < e["efficiency_kvswarm"] <= 1.05 and 0 < e["efficiency_fs"] <= 1.05
     s = summarize({"one_drive": [], "restart": None, "eight_drives": e})
     assert s["efficiency_8_drives_kvswarm"] == e["efficiency_kvswarm"] and s["efficiency_8_drives_fs"] > 0
     assert s["restore_speedup_vs_fs_8drives"] == pytest.approx(e["restore_speedup"])
