@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -124,6 +125,30 @@ def test_master_killed_and_restarted(cluster, tmp_path):
             break
     got = b.call("get", seed=7, n=20)
     assert got == {"served": 20, "tiers": {"ssd": 10, "cluster": 10}, "wrong": 0}
+
+
+def test_refused_republication_lands_once_the_cluster_has_room(cluster, tmp_path):
+    """A node re-publishing into a cluster with no memory to lend (a restarted master before the
+    nodes' segments are mounted again looks the same) is refused; it tries again every check
+    interval, and its blocks land once a node lending memory joins."""
+    ns = cluster.netns()
+    cluster.master(ns)
+    da = drives(tmp_path, "a")
+    lends_nothing = CFG | {"segment_bytes": 0, "republish_retry_s": 60}
+    a = cluster.node(ns, "a")
+    a.call("open", drives=da, cluster=lends_nothing)
+    a.call("put", seed=9, n=20)
+    a.close()
+    a2 = cluster.node(ns, "a2")
+    with ThreadPoolExecutor(1) as ex:
+        opening = ex.submit(a2.call, "open", drives=da, cluster=lends_nothing, timeout=120)
+        time.sleep(2)
+        assert not opening.done()  # refused so far, and trying again
+        b = cluster.node(ns, "b")
+        b.call("open", drives=drives(tmp_path, "b"), cluster=CFG | {"publish": "none"})
+        assert opening.result()["republished"] == 20
+    assert a2.call("stats")["counters"]["publish_failures"] >= 20
+    assert served_all(b, seed=9, n=20) == {"served": 20, "tiers": {"cluster": 20}, "wrong": 0}
 
 
 def test_partition_between_nodes(cluster, tmp_path):

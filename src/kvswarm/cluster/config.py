@@ -31,7 +31,9 @@ class ClusterConfig:
     * ``rpc_timeout_s``: a lookup the master has not answered by then is a miss (a partitioned
       or stalled master degrades service; it never blocks a request for long).
     * ``check_interval_s``: how often the node checks that the master still indexes it (else it
-      re-publishes its durable blocks); ``republish_batch``: blocks re-published per step.
+      re-publishes its durable blocks); ``republish_batch``: blocks re-published per step;
+      ``republish_retry_s``: how long blocks the cluster refused are tried again (a restarted master
+      takes puts only once the node's segment is mounted again).
     """
 
     master: str = "127.0.0.1:50051"
@@ -48,6 +50,7 @@ class ClusterConfig:
     rpc_timeout_s: float = 2.0
     check_interval_s: float = 1.0
     republish_batch: int = 256
+    republish_retry_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -58,8 +61,10 @@ class ClusterConfig:
             raise ClusterError("cluster segment_bytes must be >= 0, buffer_bytes and fetch_buffer_bytes > 0")
         if not self.master or not self.metadata:
             raise ClusterError("cluster master and metadata must be set")
-        if self.rpc_timeout_s <= 0 or self.check_interval_s <= 0 or self.republish_batch < 1:
-            raise ClusterError("cluster rpc_timeout_s, check_interval_s and republish_batch must be positive")
+        if (self.rpc_timeout_s <= 0 or self.check_interval_s <= 0 or self.republish_batch < 1
+                or self.republish_retry_s < 0):
+            raise ClusterError("cluster rpc_timeout_s, check_interval_s and republish_batch must be positive, "
+                               "republish_retry_s >= 0")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> ClusterConfig:

@@ -114,16 +114,20 @@ class FetchHandle:
 
 
 class PublishHandle:
-    """A batch of publications in flight; ``wait()`` gives how many blocks the cluster now holds."""
+    """A batch of publications in flight: ``wait()`` gives how many blocks the cluster now holds,
+    ``refused()`` the digests it did not take (both block until the batch is done, or ``timeout``)."""
 
-    def __init__(self, future: cf.Future) -> None:
-        self._future = future
+    def __init__(self, future: cf.Future, digests: Sequence[bytes]) -> None:
+        self._future, self._digests = future, list(digests)
 
     def poll(self) -> bool:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> int:
-        return self._future.result(timeout)
+        return sum(self._future.result(timeout))
+
+    def refused(self, timeout: float | None = None) -> list[bytes]:
+        return [d for d, ok in zip(self._digests, self._future.result(timeout)) if not ok]
 
 
 class ClusterPool:
@@ -294,9 +298,9 @@ class ClusterPool:
     def submit_publish(self, digests: Sequence[bytes], payloads: Sequence[object]) -> PublishHandle:
         """Publish blocks with the configured replica count; the payloads are copied before this returns."""
         frames = [wire.pack(d, p) for d, p in zip(digests, payloads)]
-        return PublishHandle(self._submit(self._publish, [self.object_key(d) for d in digests], frames))
+        return PublishHandle(self._submit(self._publish, [self.object_key(d) for d in digests], frames), digests)
 
-    def _publish(self, keys: list[str], frames: list[bytearray]) -> int:
+    def _publish(self, keys: list[str], frames: list[bytearray]) -> list[bool]:
         c = self.counters
         try:
             rcs = self._put_each(keys, frames)
@@ -307,7 +311,7 @@ class ClusterPool:
         c["published_blocks"] += ok
         c["published_bytes"] += sum(len(f) for f, rc in zip(frames, rcs) if rc == 0)
         c["publish_failures"] += len(keys) - ok
-        return ok
+        return [rc == 0 for rc in rcs]
 
     def _put_each(self, keys: list[str], frames: list[bytearray]) -> list[int]:
         # put_batch reports one code for the batch: a failed batch is retried block by block, so the

@@ -37,6 +37,7 @@ from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.cluster.config import ClusterConfig
 from kvswarm.cluster.pool import ClusterPool
 from kvswarm.cluster.publication import make_publication
+from kvswarm.cluster.republication import Republication
 from kvswarm.errors import ConfigError, DriveFull, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.prefix.block import block_key, matches
@@ -299,10 +300,11 @@ class TierManager:
             cluster = ClusterPool(config.cluster)
         self.cluster = cluster
         self.publication = make_publication(cluster.config.publish if cluster else "none")
-        # Durable blocks still to re-publish to the cluster (all of them after a start: the cluster may
-        # have lost this node's blocks while it was down).
-        self._republish: list[bytes] = self._durable_digests() if cluster else []
-        self._republishing: list[tuple[object, int]] = []  # publications of the re-publication under way
+        # The durable blocks are re-published after a start: the cluster may have lost this node's
+        # blocks while it was down.
+        self._republication = Republication(cluster) if cluster else None
+        if self._republication is not None:
+            self._republication.start(self._durable_digests())
 
     # ---- the request path ------------------------------------------------------------------
     def prefetch(self, keys: Sequence[bytes], arrival: float | None = None,
@@ -390,57 +392,31 @@ class TierManager:
         """Cluster upkeep (each prefetch calls it): once the master no longer indexes this node's
         blocks (it restarted, failed over, or took this node for dead), re-publish the node's durable
         blocks, reading up to ``budget`` (default ``republish_batch``) per call so that requests never
-        wait for all of them.  When the last batch is out, it waits (bounded) for the publications and
-        marks the node indexed if all landed or the master still answers (one without room for all of
-        them keeps the rest out); a master lost meanwhile means the next check starts over.
-        Returns how many blocks this call handed to the cluster."""
-        if self.cluster is None:
+        wait for all of them (:class:`~kvswarm.cluster.republication.Republication`).  Returns how
+        many blocks this call handed to the cluster."""
+        rp = self._republication
+        if rp is None:
             return 0
-        if not self._republish and self.cluster.index_lost():
-            self._republish = self._durable_digests()
-            if not self._republish:
-                self.cluster.mark_indexed()
-        if not self._republish:
-            return 0
-        n = budget or self.cluster.config.republish_batch
-        batch, self._republish = self._republish[:n], self._republish[n:]
-        sent = self._publish_from_pools(batch)
-        if not self._republish:
-            self._finish_republish()
+        if not rp.active and self.cluster.index_lost():
+            rp.start(self._durable_digests())
+        batch = rp.take(budget or self.cluster.config.republish_batch)
+        sent = self._publish_from_pools(batch) if batch else 0
+        rp.poll()
         return sent
 
-    def _finish_republish(self) -> None:
-        handles, self._republishing = self._republishing, []
-        deadline = now() + 4 * self.cluster.config.rpc_timeout_s + len(handles) * 0.05
-        sent = landed = 0
-        for h, n in handles:
-            sent += n
-            try:
-                landed += h.wait(max(0.0, deadline - now()))
-            except TimeoutError:  # still running: not counted, and the node is not marked indexed
-                pass
-        self.cluster.counters["republished_blocks"] += landed
-        if landed == sent or self.cluster.healthy():
-            # A master that answers and refused some has no room for them: they stay on this node's
-            # drives (served here) until they are published again.
-            if landed < sent:
-                log.info("cluster: %d of %d re-published blocks fit in the cluster", landed, sent)
-            self.cluster.mark_indexed()
-        else:
-            log.warning("cluster: %d of %d re-published blocks landed and the master is gone; trying "
-                        "again at the next check", landed, sent)
-
     def republish(self) -> int:
-        """Re-publish every durable block now and wait (bounded) until they have landed; how many were
-        handed to the cluster (``cluster.counters["republished_blocks"]`` counts those that landed)."""
-        if self.cluster is None:
+        """Re-publish every durable block now and wait until the re-publication is over (blocks the
+        cluster refuses are tried again for ``republish_retry_s``); how many were handed to the cluster
+        (``cluster.counters["republished_blocks"]`` counts those that landed)."""
+        rp = self._republication
+        if rp is None:
             return 0
-        self._republish = self._durable_digests()
+        rp.start(self._durable_digests())
         done = 0
-        if not self._republish:
-            self.cluster.mark_indexed()
-        while self._republish:
+        while rp.active:
             done += self.maintain(self.cluster.config.republish_batch)
+            if not rp.poll(self.cluster.config.rpc_timeout_s) and (due := rp.due_in()):
+                time.sleep(due)  # refused blocks, tried again shortly
         return done
 
     def _publish_from_pools(self, digests: list[bytes]) -> int:
@@ -456,14 +432,14 @@ class TierManager:
             try:
                 r = self.stores[t].submit_get_digests(ds).wait()
             except BufferPoolExhausted:
-                self._republish += ds  # tried again at the next step
+                self._republication.put_back(ds)  # tried again at the next step
                 continue
             try:
                 ok = [(d, v) for d, v in zip(ds, r.views)
                       if v is not None and (k := block_key(v)) is not None and key_digest(k) == d]
                 if ok:
                     h = self.cluster.submit_publish([d for d, _ in ok], [v for _, v in ok])
-                    self._republishing.append((h, len(ok)))
+                    self._republication.sent(h)
                     sent += len(ok)
             finally:
                 r.release()

@@ -66,11 +66,9 @@ class ClusterLink:
         """True once (until :meth:`republished`) when the node's durable chunks should be re-published."""
         return self._wanted.is_set()
 
-    def republished(self, complete: bool) -> None:
-        """The re-publication is over: the node is marked indexed if it was ``complete``; if not (the
-        master went away meanwhile), the marker stays absent and the next check asks for another."""
-        if complete:
-            self.pool.mark_indexed()
+    def republished(self) -> None:
+        """The re-publication is over (:class:`~kvswarm.cluster.republication.Republication` marked the
+        node indexed, or left the marker absent for the next check to ask for another)."""
         self._wanted.clear()
 
     def close(self) -> None:

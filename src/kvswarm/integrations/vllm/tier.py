@@ -52,7 +52,9 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvswarm.buffers import collapse_shared_file
+from kvswarm.buffers import BufferPoolExhausted, collapse_shared_file
+from kvswarm.cluster.pool import FetchHandle
+from kvswarm.cluster.republication import Republication
 from kvswarm.errors import FlushError
 from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
@@ -60,7 +62,6 @@ from kvswarm.integrations.vllm.cluster import ClusterLink
 from kvswarm.integrations.vllm.load_policy import make_load_policy
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
-from kvswarm.cluster.pool import FetchHandle
 from kvswarm.tiers.eviction import make_eviction
 
 # Enum members as module constants: ``LookupResult.HIT`` costs a class-attribute lookup (~0.1 us)
@@ -301,8 +302,14 @@ class KVSwarmTierManager(SecondaryTierManager):
                 self.store.close()
                 raise
         self._cluster_missed: deque[OffloadKey] = deque()  # fetches that failed: lookups now miss them
-        self._republish: list[bytes] = []  # durable chunks still to re-publish (driver thread)
-        self._republishing: list[tuple[object, int]] = []  # their publications in flight, and sizes
+        # The chunks on the drives at open are re-published (the cluster may have lost them while the
+        # node was down); chunks stored from now on are published as they are stored.
+        self._republication: Republication | None = None
+        if self.cluster is not None and not follow:
+            self._republication = Republication(self.cluster.pool)
+            self._republication.start(list(self._catalog))
+            if not self._republication.active:
+                self.cluster.republished()
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -454,10 +461,11 @@ class KVSwarmTierManager(SecondaryTierManager):
         """One turn of the driver loop; False once shutdown is asked for."""
         cluster = self.cluster
         try:
-            block = not active and not self._republish and not self._republishing
+            due = self._republication.due_in() if self._republication is not None else None
+            block = not active and due != 0
             wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
             if cluster is not None:  # an idle node still re-publishes when the master asks
-                wake = min(wake or 1e9, cluster.pool.config.check_interval_s)
+                wake = min(wake or 1e9, cluster.pool.config.check_interval_s, 1e9 if due is None else due)
             while len(active) < self._max_inflight:
                 item = self._queue.get(block=block, timeout=wake if block else None)
                 block = False
@@ -617,42 +625,34 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _republish_step(self) -> None:
         """Re-publish one batch of the node's durable chunks when the cluster lost them (read back
-        verified); once all are out and landed, mark the node indexed."""
-        link = self.cluster
-        if not self._republish and not self._republishing:
+        verified; see :class:`~kvswarm.cluster.republication.Republication`)."""
+        link, rp = self.cluster, self._republication
+        if not rp.active:
             if not link.republish_wanted():
                 return
-            self._republish = list(self._catalog)  # a snapshot of the chunks on the drives now
-            if not self._republish:
-                link.republished(True)
+            rp.start(list(self._catalog))  # a snapshot of the chunks on the drives now
+            if not rp.active:
+                link.republished()
                 return
-        if self._republish:
-            n = self.store.batch_len(min(len(self._republish), link.pool.config.republish_batch),
-                                     self._chunk_extent_bytes, self.max_batch_bytes)
-            if not n:
-                return
-            batch, self._republish = self._republish[:n], self._republish[n:]
+        n = self.store.batch_len(link.pool.config.republish_batch, self._chunk_extent_bytes, self.max_batch_bytes)
+        batch = rp.take(n) if n else []
+        if batch:
             try:
                 result = self.store.submit_get_digests(batch).wait()
-            except Exception:  # deleted meanwhile, or a full pool: the next re-publication has them
-                log.exception("kvswarm tier: reading %d chunks to re-publish failed", n)
+            except BufferPoolExhausted:
+                rp.put_back(batch)
+                return
+            except Exception:  # deleted meanwhile: not re-published
+                log.exception("kvswarm tier: reading %d chunks to re-publish failed", len(batch))
                 return
             try:
                 ok = [(d, v) for d, v in zip(batch, result.views) if v is not None]
                 if ok:
-                    h = link.pool.submit_publish([d for d, _ in ok], [v for _, v in ok])
-                    self._republishing.append((h, len(ok)))
+                    rp.sent(link.pool.submit_publish([d for d, _ in ok], [v for _, v in ok]))
             finally:
                 result.release()
-            return
-        if not all(h.poll() for h, _ in self._republishing):
-            return
-        sent = sum(n for _, n in self._republishing)
-        landed = sum(h.wait() for h, _ in self._republishing)
-        self._republishing = []
-        link.pool.counters["republished_blocks"] += landed
-        # A master that answers and refused some has no room for them: they stay on the drives.
-        link.republished(landed == sent or link.pool.healthy())
+        if rp.poll():
+            link.republished()
 
     def start_huge_pages(self) -> None:
         """Start backing vLLM's region with 2 MiB pages now, beside the driver (it does at the first load
