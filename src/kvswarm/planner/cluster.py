@@ -109,7 +109,7 @@ class ClusterProjection:
         s = self.spec
         return {
             "prefill_nodes": s.prefill_nodes, "decode_nodes": s.decode_nodes,
-            "nic": s.nic.key if s.nic else None, "network_gbps_per_node": s.nic_bytes_per_s / 1e9,
+            "nic": s.nic.key if s.nic else None, "network_gb_per_s_per_node": s.nic_bytes_per_s / 1e9,
             "segment_gb": s.segment_gb, "replicas": s.replicas, "mix_per_prefill_node": self.mix.label,
             "capacity_blocks": {"dram": self.caps.dram, "ssd": self.caps.ssd, "hdd": self.caps.hdd},
             "hit_rates": self.hit_rates, "hit_rate": self.hit_rate, "node_hit_rate": self.node_hit_rate,
