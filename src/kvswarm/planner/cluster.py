@@ -131,7 +131,7 @@ def union_caps(planner: Planner, mix: Mix, spec: ClusterSpec) -> TierCaps:
     return TierCaps(p * node.dram + pool, p * node.ssd, p * node.hdd)
 
 
-def _node_hit_rate(planner: Planner, mix: Mix, spec: ClusterSpec) -> tuple[float, float]:
+def _nodes_alone(planner: Planner, mix: Mix, spec: ClusterSpec) -> tuple[float, float]:
     """(hit rate, mean TTFT) of the prefill nodes alone, each on its round-robin share of the requests,
     with the DRAM it would lend to the cluster kept as its own tier."""
     s, b = planner.s, planner.block_bytes
@@ -158,7 +158,7 @@ def project_cluster(planner: Planner, mix: Mix, spec: ClusterSpec) -> ClusterPro
     dur = planner.duration
     caps = union_caps(planner, mix, spec)
     counts = per_request(planner.hits.served(caps), planner.hits.req, w.requests)
-    cached, compute = prefill_work(w, s.model, s.gpu, counts)
+    _, compute = prefill_work(w, s.model, s.gpu, counts)
     refs = counts.sum()
     hit_rates = {TIER_NAMES[t]: float(counts[:, t].sum() / refs) if refs else 0.0 for t in (DRAM, SSD, HDD, MISS)}
     hit_b = counts[:, :MISS].sum(axis=1) * b
@@ -197,7 +197,7 @@ def project_cluster(planner: Planner, mix: Mix, spec: ClusterSpec) -> ClusterPro
              + spec.nodes * (spec.segment_gb * mix.dram.watts_per_gb + (spec.nic.watts if spec.nic else 0.0)))
     per_hour = (hourly_usd(capex, cat.economics.storage_amortization_years, watts, cat)
                 + gpu_hourly_usd(s.gpu, gpus * p, util["gpu"], cat))
-    node_hit, node_ttft = _node_hit_rate(planner, mix, spec)
+    node_hit, node_ttft = _nodes_alone(planner, mix, spec)
     return ClusterProjection(
         spec=spec, mix=mix, caps=caps, hit_rates=hit_rates, hit_rate=1.0 - hit_rates["miss"], node_hit_rate=node_hit,
         remote_share=remote, gpus_per_node=gpus, ttft_mean_s=float(ttft.mean()),
