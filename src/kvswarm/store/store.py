@@ -656,75 +656,33 @@ class KVStore:
             if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
                 raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
                                   f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
-        if self.native is not None:
-            return self._submit_put_native(items, hints, mvs, unit)
         lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
-        # Payloads and headers are written through the pool's mmap (a plain buffer copy);
-        # the I/O requests get memoryviews of the same bytes.
-        mm, view, base = lease.view.obj, lease.view, lease.offset
-        lease_arr = np.frombuffer(view, np.uint8)
-        header, h3, write = pack_header, PAYLOAD_CHECKSUM, Op.WRITE
-        place = self.placement.place
-        staged: list[tuple[bytes, Entry, int]] = []
-        reqs: list[IORequest] = []
-        exts: list[Extent] = []  # the extents of the object being staged
-        pos = 0
         try:
-            views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
-            allocs = [d.alloc for d in self.drives]
-            gen0 = self.catalog.new_generations(len(items))
-            for j, ((key, _), mv) in enumerate(zip(items, mvs)):
-                digest = key_digest(key)
-                gen = gen0 + j
-                n = bufs_len(mv)
-                parts = max(1, -(-n // unit))
-                targets = place(digest, parts, views, hints[j] if hints else None)
-                exts = []
-                for part in range(parts):
-                    chunk = part_of(mv, part * unit, unit) if parts > 1 else mv
-                    c = bufs_len(chunk)
-                    ext_len = extent_size(c)
-                    a = base + pos
-                    p = payload_offset(c)
-                    if isinstance(chunk, Runs):
-                        at = pos + p
-                        for run, m in runs_of(chunk):
-                            lease_arr[at:at + m] = run
-                            at += m
-                        chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
-                    else:
-                        mm[a + p:a + p + c] = chunk
-                    if p > HEADER_SIZE:  # the header's sector: zeros after the header
-                        mm[a + HEADER_SIZE:a + p] = _ZEROS[:p - HEADER_SIZE]
-                    if pad := ext_len - p - c:
-                        mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
-                    csum = h3(chunk)
-                    mm[a:a + HEADER_SIZE] = header(digest, n, part, parts, gen, csum, p > HEADER_SIZE)
-                    drv = targets[part]
-                    off = allocs[drv].alloc(ext_len)
-                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
-                        drv, off = self._alloc(drv, ext_len)
-                    exts.append(Extent(drv, off, ext_len, csum))
-                    reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
-                    pos += ext_len
-                staged.append((digest, Entry(gen, n, tuple(exts)), parts))
-                exts = []
-        except BaseException:  # e.g. DriveFull in a later part: every extent taken so far goes back
-            for _, e, _ in staged:
-                self._free(e)
-            self._free(Entry(0, 0, tuple(exts)))
+            objs, cols, srcs = self._allocate_extents(items, hints, mvs, unit)
+        except BaseException:
             lease.release()
             raise
-        return PutHandle(self, self.engine.submit(reqs, checked=True), (staged, reqs, lease))
+        stage = self._stage_native if self.native is not None else self._stage_python
+        try:
+            staged, writes = stage(objs, cols, srcs, lease)
+        except BaseException:  # every extent taken goes back
+            self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln, _ in cols)))
+            lease.release()
+            raise
+        if self.native is not None:
+            batch = self.native.submit(Op.WRITE, self.pool.array, *writes)
+            return PutHandle(self, batch, (staged, batch, lease))
+        return PutHandle(self, self.engine.submit(writes, checked=True), (staged, writes, lease))
 
-    def _submit_put_native(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
-                           mvs: list[Bufs], unit: int) -> PutHandle:
-        """submit_put on the native path: placement and allocation here, per object; the extents' layout
-        (payload gathered, header packed, checksums) and their writes in kvswarm.io._batchio, per batch."""
-        lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
+    def _allocate_extents(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
+                          mvs: list[Bufs], unit: int
+                          ) -> tuple[list[tuple[bytes, int, int, int]], list[tuple[int, int, int, int]], list[Bufs]]:
+        """Place and allocate every extent of a put batch: per object (digest, generation, length,
+        parts); per extent (drive, offset, extent bytes, payload bytes) and its payload's source.  On an
+        error (DriveFull in a later part) every extent taken so far goes back."""
         place = self.placement.place
-        objs: list[tuple[bytes, int, int, int]] = []  # digest, generation, length, parts
-        cols: list[tuple[int, int, int, int]] = []  # per extent: drive, offset, extent bytes, payload bytes
+        objs: list[tuple[bytes, int, int, int]] = []
+        cols: list[tuple[int, int, int, int]] = []
         srcs: list[Bufs] = []
         try:
             views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
@@ -746,30 +704,73 @@ class KVStore:
                     cols.append((drv, off, ext_len, c))
                     srcs.append(chunk)
                 objs.append((digest, gen0 + j, n, parts))
-            drive, offset, ext_len, plen = (np.array([c[f] for c in cols], np.int64) for f in range(4))
-            at = lease.offset + np.cumsum(ext_len) - ext_len
-            nparts = np.array([p for *_, p in objs], np.int64)
-            part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
-
-            def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
-                return np.repeat(np.array(values, dtype), nparts)
-
-            sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
-                                  plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
-                                  per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
-                                  per_extent([g for _, g, _, _ in objs], np.int64))
-        except BaseException:  # e.g. DriveFull in a later part: every extent taken so far goes back
+        except BaseException:
             self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln, _ in cols)))
-            lease.release()
             raise
+        return objs, cols, srcs
+
+    def _stage_python(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
+                      srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], list[IORequest]]:
+        """Lay the extents out in the lease (payload, header, checksum); the staged objects and the
+        I/O engine's write requests."""
+        # Payloads and headers are written through the pool's mmap (a plain buffer copy);
+        # the I/O requests get memoryviews of the same bytes.
+        mm, view, base = lease.view.obj, lease.view, lease.offset
+        lease_arr = np.frombuffer(view, np.uint8)
+        header, h3, write = pack_header, PAYLOAD_CHECKSUM, Op.WRITE
+        staged: list[tuple[bytes, Entry, int]] = []
+        reqs: list[IORequest] = []
+        pos = k = 0
+        for digest, gen, n, parts in objs:
+            exts = []
+            for part in range(parts):
+                (drv, off, ext_len, c), chunk = cols[k], srcs[k]
+                k += 1
+                a = base + pos
+                p = payload_offset(c)
+                if isinstance(chunk, Runs):
+                    at = pos + p
+                    for run, m in runs_of(chunk):
+                        lease_arr[at:at + m] = run
+                        at += m
+                    chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
+                else:
+                    mm[a + p:a + p + c] = chunk
+                if p > HEADER_SIZE:  # the header's sector: zeros after the header
+                    mm[a + HEADER_SIZE:a + p] = _ZEROS[:p - HEADER_SIZE]
+                if pad := ext_len - p - c:
+                    mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
+                csum = h3(chunk)
+                mm[a:a + HEADER_SIZE] = header(digest, n, part, parts, gen, csum, p > HEADER_SIZE)
+                exts.append(Extent(drv, off, ext_len, csum))
+                reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
+                pos += ext_len
+            staged.append((digest, Entry(gen, n, tuple(exts)), parts))
+        return staged, reqs
+
+    def _stage_native(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
+                      srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], tuple]:
+        """The extents' layout (payload gathered, header packed, checksums) in kvswarm.io._batchio, one
+        call per batch; the staged objects and the native write batch's columns."""
+        drive, offset, ext_len, plen = (np.array([c[f] for c in cols], np.int64) for f in range(4))
+        at = lease.offset + np.cumsum(ext_len) - ext_len
+        nparts = np.array([p for *_, p in objs], np.int64)
+        part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
+
+        def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
+            return np.repeat(np.array(values, dtype), nparts)
+
+        sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
+                              plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
+                              per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
+                              per_extent([g for _, g, _, _ in objs], np.int64))
         staged: list[tuple[bytes, Entry, int]] = []
         csums, k = sums.tolist(), 0
         for digest, gen, n, parts in objs:
             exts = tuple(Extent(d, o, ln, cs) for (d, o, ln, _), cs in zip(cols[k:k + parts], csums[k:k + parts]))
             staged.append((digest, Entry(gen, n, exts), parts))
             k += parts
-        batch = self.native.submit(Op.WRITE, self.pool.array, drive, offset, ext_len, at)
-        return PutHandle(self, batch, (staged, batch, lease))
+        return staged, (drive, offset, ext_len, at)
 
     def put_many(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> list[bool]:
         return self.submit_put(items, hints).wait()
