@@ -96,12 +96,6 @@ def make_batched_gets(prefix: str, extent_kib: int, batch: int, batches: int, rn
     return BatchedGets([(key, payload) for key in keys], stream)
 
 
-def _engine_depth(store) -> int:
-    return getattr(store.engine, "workers_per_drive", None) or getattr(getattr(store.engine, "inner", None),
-                                                                        "workers_per_drive", None) \
-        or store.config.queue_depth
-
-
 def run_store(directory: str, wl: BatchedGets, backend: str, placement: str, rounds: int) -> tuple[dict, int]:
     """A KVStore on one directory of the disk under test writes the data set, warms up, then times
     the stream ``rounds`` times; the median round (by throughput) is kept."""
@@ -127,7 +121,7 @@ def run_store(directory: str, wl: BatchedGets, backend: str, placement: str, rou
             ms = sorted((measure(store, wl.stream[wl.warmup:]) for _ in range(rounds)),
                         key=lambda m: m["throughput_Bps"])
             m = ms[(len(ms) - 1) // 2] | {"rounds": rounds, "round_throughputs_Bps": [x["throughput_Bps"] for x in ms]}
-            return m, _engine_depth(store)
+            return m, store.drive_depth
         finally:
             store.close()
     finally:

@@ -1371,6 +1371,13 @@ class KVStore:
     # benchmarks need of the drives, the catalog, the engine and the buffer pool, read here
     # rather than through those parts -------------------------------------------------------
     @property
+    def drive_depth(self) -> int:
+        """Requests each drive has in flight at most: the thread engine's workers per drive, else the
+        configured queue depth (a pacing wrapper's inner engine decides)."""
+        engine = getattr(self.engine, "inner", self.engine)
+        return getattr(engine, "workers_per_drive", None) or self.config.queue_depth
+
+    @property
     def num_drives(self) -> int:
         """Drives the store was opened with, in service or not (their indexes: ``range(num_drives)``)."""
         return len(self.drives)
