@@ -22,7 +22,7 @@ import sys
 
 import time
 
-from kvswarm.format import key_digest
+from kvswarm.format import extent_size, key_digest
 from kvswarm.integrations.sglang_cpu import allow_cpu_import
 
 allow_cpu_import()
@@ -67,7 +67,10 @@ def main(role: str, drive: str, cluster: str) -> None:
     src = host_pool("page_first", seed=0)
     want = page_data(src, pages(src, 0, N), N)
     if role == "restart":
-        b = open_backend([drive], src, cluster=cfg)
+        # A buffer pool of 4 pages' leases: a re-publication batch (a quarter of it) holds one page, and
+        # the rest of each republish_batch taken goes back.
+        small = 4 * extent_size(want[0].numel() * want[0].element_size())
+        b = open_backend([drive], src, cluster=cfg, buffer_pool_bytes=small)
         out = {"set": b.batch_set_v1(keys, pages(src, 0, N))}
         b.cluster.drain(30)
         out["indexed"] = sum(b.cluster.contains([key_digest(b.keyspace.key(k)) for k in keys]))
@@ -80,7 +83,7 @@ def main(role: str, drive: str, cluster: str) -> None:
         b.close()  # stops the re-publication thread
         print(json.dumps({"close_s": time.monotonic() - t0}), flush=True)
         sys.stdin.readline()  # restarted again: no node holds the pages in the cluster, and the master knows none
-        b = open_backend([drive], host_pool("page_first", seed=1), cluster=cfg)
+        b = open_backend([drive], host_pool("page_first", seed=1), cluster=cfg, buffer_pool_bytes=small)
         print(json.dumps({"local": len(b.store)} | republished(b, keys, want, 0)), flush=True)
         b.close()
         return

@@ -85,7 +85,7 @@ def test_backend_republishes_its_pages_after_a_master_restart_and_at_start(tmp_p
     try:
         ns = c.netns()
         m = c.master(ns)
-        p = node(ns, "restart", str(tmp_path / "a"), CFG | {"check_interval_s": 0.2}, str(log))
+        p = node(ns, "restart", str(tmp_path / "a"), CFG | {"check_interval_s": 0.2, "republish_batch": 4}, str(log))
         line = p.stdout.readline()
         assert line, log.read_text()[-4000:]
         assert json.loads(line) == {"set": [True] * 6, "indexed": 6}
