@@ -24,7 +24,8 @@ def test_smoke_serves_the_trace_with_identical_outputs_in_every_configuration(tm
         pytest.skip("no .venv-vllm: run scripts/setup-vllm.sh")
     out, small = tmp_path / "serve.json", tmp_path / "small.json"
     proc = subprocess.run(["nice", "-n", "10", sys.executable, "-m", "kvswarm.cli", "bench", "serve", "--smoke",
-                           "--configs", "no_offload,kvswarm_4drives", "--json", str(out), "--summary", str(small),
+                           "--configs", "no_offload,kvswarm_4drives", "--load-policy", "always",
+                           "--json", str(out), "--summary", str(small),
                            "--dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -162,6 +162,30 @@ def mount_drives(tb) -> list[str]:
 
 
 # ---- one back end, built by LMCache --------------------------------------------------------------
+def backend_config(case: str, dirs: list[str], chunk: int, cpu_bytes: int, capacity: int):
+    """LMCache's configuration of ``case``'s disk back end (with its CPU back end)."""
+    from kvswarm.integrations.lmcache.harness import kvswarm_config, local_disk_config
+
+    if case == "lmcache_disk":
+        return local_disk_config(dirs[0], chunk_size=chunk, cpu_gb=cpu_bytes / GiB, disk_gb=capacity / GiB,
+                                 local_cpu=False, use_odirect=True)
+    return kvswarm_config(dirs, chunk_size=chunk, cpu_gb=cpu_bytes / GiB, local_cpu=False,
+                          capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed")
+
+
+def lmcache_keys(config, meta, n: int, seed: int) -> list:
+    """LMCache's keys of ``n`` distinct chunks of real text (requests of BATCH chunks each)."""
+    from kvswarm.integrations.lmcache.harness import chunk_keys, text_tokens
+
+    out: dict = {}  # distinct keys only: a repeated chunk is stored once, and reported once
+    req = 0
+    while len(out) < n:
+        for k in chunk_keys(config, meta, text_tokens(BATCH * meta.chunk_size, seed * 1000 + req)):
+            out.setdefault(k, None)
+        req += 1
+    return list(out)[:n]
+
+
 class Backend:
     """A disk back end built by LMCache's ``CreateStorageBackends`` (with its CPU back end, the
     allocator every chunk lives in), on an event loop thread of its own as LMCache runs it."""
@@ -169,17 +193,10 @@ class Backend:
     def __init__(self, case: str, geo, chunk: int, dirs: list[str], cpu_bytes: int, capacity: int) -> None:
         from lmcache.v1.storage_backend import CreateStorageBackends
 
-        from kvswarm.integrations.lmcache.harness import kvswarm_config, local_disk_config, metadata
+        from kvswarm.integrations.lmcache.harness import metadata
 
-        cpu_gb = cpu_bytes / GiB
-        if case == "lmcache_disk":
-            self.config = local_disk_config(dirs[0], chunk_size=chunk, cpu_gb=cpu_gb, disk_gb=capacity / GiB,
-                                            local_cpu=False, use_odirect=True)
-            name = "LocalDiskBackend"
-        else:
-            self.config = kvswarm_config(dirs, chunk_size=chunk, cpu_gb=cpu_gb, local_cpu=False,
-                                         capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed")
-            name = "kvswarm"
+        self.config = backend_config(case, dirs, chunk, cpu_bytes, capacity)
+        name = "LocalDiskBackend" if case == "lmcache_disk" else "kvswarm"
         self.meta = metadata(geo, chunk_size=chunk)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -191,15 +208,7 @@ class Backend:
         self.cpu = self.backends["LocalCPUBackend"]
 
     def keys(self, n: int, seed: int) -> list:
-        from kvswarm.integrations.lmcache.harness import chunk_keys, text_tokens
-
-        out: dict = {}  # distinct keys only: a repeated chunk is stored once, and reported once
-        req = 0
-        while len(out) < n:  # requests of BATCH chunks each, over real text
-            for k in chunk_keys(self.config, self.meta, text_tokens(BATCH * self.meta.chunk_size, seed * 1000 + req)):
-                out.setdefault(k, None)
-            req += 1
-        return list(out)[:n]
+        return lmcache_keys(self.config, self.meta, n, seed)
 
     def store(self, keys: list, data: list[np.ndarray]) -> float:
         """Seconds until every chunk is reported stored (its completion callback)."""
@@ -388,15 +397,17 @@ def measure_restart(geo, n: int, mounts: list[str], console) -> dict:
 
 def restart_child(spec: dict) -> dict:
     """In a fresh process: build the back end over the stored chunks, look them all up, read the
-    first BATCH back; seconds from the start of building it until that is done."""
-    from kvswarm.integrations.lmcache.harness import SMOLLM2, chunk_bytes, obj_bytes
+    first BATCH back; seconds from the start of building it until that is done.  The requests' keys
+    (LMCache hashing their tokens, the same for both back ends) are computed before the clock starts."""
+    from kvswarm.integrations.lmcache.harness import SMOLLM2, chunk_bytes, metadata, obj_bytes
 
     size = SMOLLM2.chunk_bytes(RESTART_CHUNK)
+    keys = lmcache_keys(backend_config(spec["case"], spec["dirs"], RESTART_CHUNK, spec["cpu_bytes"], spec["capacity"]),
+                        metadata(SMOLLM2, chunk_size=RESTART_CHUNK), spec["n"], seed=99)
     t0 = time.perf_counter()
     b = Backend(spec["case"], SMOLLM2, RESTART_CHUNK, spec["dirs"], spec["cpu_bytes"], spec["capacity"])
     build = time.perf_counter() - t0
     try:
-        keys = b.keys(spec["n"], seed=99)
         t1 = time.perf_counter()
         found = sum(b.disk.batched_contains(keys[a:a + 256]) for a in range(0, len(keys), 256))
         got = b.disk.batched_get_blocking(keys[:BATCH]) if found else [None] * BATCH

@@ -61,6 +61,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "host memory (default %(default)s)")
     h.add_argument("--budget", type=float, metavar="USD", help="most the KV tier (DRAM + drives + slots) may cost")
     h.add_argument("--ttft-target", type=float, metavar="S", help="TTFT p90 the recommendation must meet")
+    c = parser.add_argument_group("cluster (Mooncake Store across nodes; docs/planner.md, \"Clusters\")")
+    c.add_argument("--prefill-nodes", type=int, default=1, help="prefill nodes sharing their KV; each gets the "
+                   "recommended mix (default 1)")
+    c.add_argument("--decode-nodes", type=int, default=0, help="decode nodes reading each request's KV over the "
+                   "network (default 0: decode on the prefill node)")
+    c.add_argument("--nic", metavar="KEY", help="catalog key of every node's NIC, e.g. cx7_400g (priced)")
+    c.add_argument("--network-gbit", type=float, metavar="G", help="per-node network payload rate in Gbit/s, "
+                   "instead of --nic (unpriced)")
+    c.add_argument("--cluster-segment-gb", type=float, default=0.0, metavar="GB", help="DRAM each node lends to "
+                   "the cluster pool (default 0)")
+    c.add_argument("--cluster-replicas", type=int, default=1, help="copies of each block in the cluster pool "
+                   "(default 1)")
     s = parser.add_argument_group("search space")
     s.add_argument("--dram-gb", type=floats, default=[0, 256, 512, 1024, 2048],
                    help="DRAM tier sizes to try, GB (default 0,256,512,1024,2048)")
@@ -166,7 +178,7 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
     from kvswarm.planner.cost import enumerate_mixes
     from kvswarm.planner.models import resolve_model
     from kvswarm.planner.project import Planner, PlanSettings
-    from kvswarm.planner.report import plan_json, plot_pareto, print_result, write_outputs
+    from kvswarm.planner.report import plan_json, plot_pareto, print_cluster, print_result, write_outputs
     from kvswarm.planner.search import search
 
     t0 = time.perf_counter()
@@ -178,6 +190,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
             raise ValueError(f"{name} must be positive, got {v:g}")
     if args.finalists < 1 or args.sim_requests < 0 or args.stripe_unit <= 0 or args.tenants < 1:
         raise ValueError("--finalists and --tenants must be >= 1, --sim-requests >= 0, --stripe-unit > 0")
+    from kvswarm.planner.cluster import ClusterSpec, project_cluster
+
+    cluster = ClusterSpec.from_args(cat, args.prefill_nodes, args.decode_nodes, args.nic, args.network_gbit,
+                                    args.cluster_segment_gb, args.cluster_replicas)
     wl = load_workload(args)
     mixes = enumerate_mixes(cat, args.dram_gb, args.ssd_counts, args.hdd_counts, args.ssd_types, args.hdd_types)
     settings = PlanSettings(wl, model, cat.get("gpus", args.gpu), cat.get("links", args.link), cat, args.gpus,
@@ -214,6 +230,11 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
            "seconds": time.perf_counter() - t0}
     print_result(console, res, ctx)
     doc = plan_json(res, ctx)
+    target = res.recommended or (res.finalists[0] if res.finalists else None)
+    if cluster.active and target is not None:
+        cp = project_cluster(planner, target.mix, cluster)
+        print_cluster(console, cp)
+        doc["cluster"] = cp.row()
     plot = args.plot or (str(Path(args.json).with_suffix("")) + "_pareto.png" if args.json else None)
     write_outputs(console, doc, args.json, plot,
                   lambda path: plot_pareto(res, path, f"{model.name} on {wl.name}: cost vs TTFT"))

@@ -1,4 +1,4 @@
-"""Hardware catalog: load and validate the editable TOML file of drives, DRAM, links and GPUs.
+"""Hardware catalog: load and validate the editable TOML file of drives, DRAM, links, GPUs and NICs.
 
 The default catalog ships as package data (``kvswarm/data/hardware.toml``); every figure
 in it carries its source.  Validation names the file, the entry and the field at fault.
@@ -46,7 +46,12 @@ _FIELDS: dict[str, dict[str, tuple]] = {
         "pcie_gen": (int, 3, False), "pcie_lanes": (int, 1, False), "pcie_efficiency": (_NUM, 0, True),
         "watts": (_NUM, 0, False), "price_usd": (_NUM, 0, False), "source": (str,),
     },
+    "nics": {
+        "name": (str,), "line_gbit": (_NUM, 0, True), "efficiency": (_NUM, 0, True), "price_usd": (_NUM, 0, False),
+        "watts": (_NUM, 0, False), "source": (str,), "price_source": (str,),
+    },
 }
+_OPTIONAL = {"nics"}  # sections a catalog may leave out (a single-node plan needs no NIC)
 _ECONOMICS = {
     "electricity_usd_per_kwh": (_NUM, 0, False), "pue": (_NUM, 1, False),
     "storage_amortization_years": (_NUM, 0, True), "gpu_amortization_years": (_NUM, 0, True),
@@ -142,6 +147,26 @@ class GpuType:
 
 
 @dataclass(frozen=True)
+class NicType:
+    """A node's network interface for cluster traffic (Mooncake Transfer Engine: RDMA or TCP)."""
+
+    key: str
+    name: str
+    line_gbit: float
+    efficiency: float
+    price_usd: float
+    watts: float
+    source: str
+    price_source: str
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Payload rate in one direction (full duplex), B/s."""
+        return self.line_gbit * 1e9 / 8 * self.efficiency
+
+
+@dataclass(frozen=True)
 class Economics:
     electricity_usd_per_kwh: float
     pue: float
@@ -162,6 +187,7 @@ class HardwareCatalog:
     dram: dict[str, DramType] = field(default_factory=dict)
     links: dict[str, LinkType] = field(default_factory=dict)
     gpus: dict[str, GpuType] = field(default_factory=dict)
+    nics: dict[str, NicType] = field(default_factory=dict)
 
     def get(self, section: str, key: str):
         table = getattr(self, section)
@@ -173,7 +199,7 @@ class HardwareCatalog:
         return [d for d in self.drives.values() if d.kind == kind]
 
 
-_TYPES = {"drives": DriveType, "dram": DramType, "links": LinkType, "gpus": GpuType}
+_TYPES = {"drives": DriveType, "dram": DramType, "links": LinkType, "gpus": GpuType, "nics": NicType}
 
 
 def default_catalog_path() -> Path:
@@ -199,6 +225,8 @@ def parse_catalog(raw: dict, where: str = "<catalog>") -> HardwareCatalog:
     cat = HardwareCatalog(where, Economics(**_check(where, "economics", econ, _ECONOMICS)))
     for section, cls in _TYPES.items():
         entries = raw.get(section)
+        if section in _OPTIONAL and entries is None:
+            continue
         if not isinstance(entries, dict) or not entries:
             raise CatalogError(f"{where}: missing or empty [{section}.*] tables")
         for key, entry in entries.items():

@@ -104,6 +104,28 @@ class Projection:
         }
 
 
+def prefill_work(w: Workload, model: ModelSpec, gpu: GpuType, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cached tokens, prefill compute seconds) per request of ``w`` from its block counts by tier."""
+    hit_blocks = counts[:, DRAM] + counts[:, SSD] + counts[:, HDD]
+    cached = np.minimum(hit_blocks * w.block_tokens, w.input_len)
+    new = w.input_len - cached
+    return cached, model.prefill_flops(new.astype(float), cached.astype(float)) / gpu.flops
+
+
+def pool_read_seconds(mix: Mix, link_bw: float, counts: np.ndarray, block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: seconds to read its SSD-pool and HDD-pool blocks (closed form, no queueing).
+
+    A pool reads at the lower of its drives' aggregate rate and the host link's ``link_bw``; an
+    HDD positions once per block per drive it holds part of.
+    """
+    ssd_b, hdd_b = counts[:, SSD] * block_bytes, counts[:, HDD] * block_bytes
+    ssd_bw = min(mix.n_ssd * mix.ssd.read_gbps * 1e9 if mix.n_ssd else 0.0, link_bw)
+    hdd_bw = min(mix.n_hdd * mix.hdd.read_gbps * 1e9 if mix.n_hdd else 0.0, link_bw)
+    t_ssd = np.where(ssd_b > 0, (mix.ssd.read_latency_us * 1e-6 + ssd_b / ssd_bw) if mix.n_ssd else 0.0, 0.0)
+    t_hdd = np.where(hdd_b > 0, (counts[:, HDD] / mix.hdd.read_iops + hdd_b / hdd_bw) if mix.n_hdd else 0.0, 0.0)
+    return t_ssd, t_hdd
+
+
 class Planner:
     """``hits`` (default: LRU stack distances) screens every mix; ``final_hits`` (default: the same)
     gives the finalists' tiers and writes, e.g. a :class:`~kvswarm.planner.hits.DirectorHits`
@@ -126,14 +148,9 @@ class Planner:
     # ---- per-request quantities ----------------------------------------------------------
     def _requests(self, caps: TierCaps, hits) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(per-request block counts by tier, cached tokens, prefill compute seconds)."""
-        w, s = self.s.workload, self.s
-        tier = hits.served(caps)
-        counts = per_request(tier, hits.req, w.requests)
-        hit_blocks = counts[:, DRAM] + counts[:, SSD] + counts[:, HDD]
-        cached = np.minimum(hit_blocks * w.block_tokens, w.input_len)
-        new = w.input_len - cached
-        compute = s.model.prefill_flops(new.astype(float), cached.astype(float)) / s.gpu.flops
-        return counts, cached, compute
+        w = self.s.workload
+        counts = per_request(hits.served(caps), hits.req, w.requests)
+        return (counts, *prefill_work(w, self.s.model, self.s.gpu, counts))
 
     def screen(self, mix: Mix) -> Projection:
         s, b = self.s, self.block_bytes
@@ -142,16 +159,10 @@ class Planner:
         wr = self.hits.writes(caps) * b  # bytes written per request to the SSD and HDD pools
         link_bw = s.link.model().bandwidth
         gpu_bw = s.gpu.link().bandwidth
-        # A pool reads at the lower of its drives' aggregate rate and the host link's; the drives'
-        # busy share is against their own rate (the link's is counted in host_link).
         ssd_read = mix.n_ssd * mix.ssd.read_gbps * 1e9 if mix.n_ssd else 0.0
         hdd_read = mix.n_hdd * mix.hdd.read_gbps * 1e9 if mix.n_hdd else 0.0
-        ssd_bw, hdd_bw = min(ssd_read, link_bw), min(hdd_read, link_bw)
         ssd_b, hdd_b, dram_b = counts[:, SSD] * b, counts[:, HDD] * b, counts[:, DRAM] * b
-        t_ssd = np.where(ssd_b > 0, (mix.ssd.read_latency_us * 1e-6 + ssd_b / ssd_bw) if mix.n_ssd else 0.0, 0.0)
-        # An HDD positions once per block per drive it holds part of.
-        t_hdd = np.where(hdd_b > 0, (counts[:, HDD] / mix.hdd.read_iops + hdd_b / hdd_bw) if mix.n_hdd else 0.0,
-                         0.0)
+        t_ssd, t_hdd = pool_read_seconds(mix, link_bw, counts, b)
         load = np.maximum(t_ssd, t_hdd) + (ssd_b + hdd_b + dram_b) / gpu_bw
         gpus = s.gpus or max(1, math.ceil(compute.sum() / (self.duration * s.gpu_util)))
         util = {

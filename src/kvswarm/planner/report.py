@@ -73,6 +73,26 @@ def print_result(console: Console, res: SearchResult, context: dict) -> None:
         console.print(f"  note: {n}")
 
 
+def print_cluster(console: Console, c) -> None:
+    """The cluster section: a :class:`~kvswarm.planner.cluster.ClusterProjection`."""
+    s = c.spec
+    net = f"{s.nic.key} ({s.nic.name})" if s.nic else "a bare network rate"
+    u = ", ".join(f"{k} {v:.0%}" for k, v in c.utilisation.items())
+    console.print(f"\n[bold]Cluster:[/] {s.prefill_nodes} prefill + {s.decode_nodes} decode nodes, each with "
+                  f"{net} at {s.nic_bytes_per_s / 1e9:.1f} GB/s per direction; cluster pool {s.segment_gb:g} GB "
+                  f"lent per node x{s.replicas}; every prefill node: {c.mix.label}, {c.gpus_per_node} GPUs\n"
+                  f"  hit rate cluster-wide {_pct(c.hit_rate)} vs {_pct(c.node_hit_rate)} per node alone "
+                  f"(DRAM {_pct(c.hit_rates['dram'])}, SSD {_pct(c.hit_rates['ssd'])}, HDD {_pct(c.hit_rates['hdd'])}); "
+                  f"{_pct(c.remote_share)} of hit bytes come from another node\n"
+                  f"  TTFT mean {_s(c.ttft_mean_s)}, p90 {_s(c.ttft_p90_s)} (closed form; nodes alone: mean "
+                  f"{_s(c.node_ttft_mean_s)}); network per request {_s(c.network_mean_s)} fetching, "
+                  f"{_s(c.kv_transfer_mean_s)} handing KV to decode, {c.network_gb_per_request:.2f} GB\n"
+                  f"  busy per node: {u}; bound: {c.bound} (busiest: {c.busiest}); sustains up to "
+                  f"{c.max_rate_rps:.2f} req/s\n"
+                  f"  KV tiers + segments + NICs ${c.kv_capex_usd:,.0f} (NICs ${c.nic_capex_usd:,.0f}), "
+                  f"{c.watts / 1e3:.1f} kW, ${c.cost_per_mtok_usd:.4f} per million tokens incl. prefill GPUs")
+
+
 def plan_json(res: SearchResult, context: dict) -> dict:
     r = res.recommended
     summary = {"mixes_screened": len(res.screened), "finalists": len(res.finalists)}

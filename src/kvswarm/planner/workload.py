@@ -80,6 +80,16 @@ class Workload:
                 "distinct_blocks": self.distinct_blocks(), "ideal_hit_rate": self.ideal_hit_rate(),
                 "input_tokens_mean": float(self.input_len.mean()), "output_tokens_mean": float(self.output_len.mean())}
 
+    def share(self, k: int, every: int) -> Workload:
+        """Requests ``k``, ``k + every``, ``k + 2 every``, ...: what node ``k`` of ``every`` nodes serves when
+        requests are spread round-robin over them."""
+        if not 0 <= k < every:
+            raise WorkloadError(f"node {k} of {every} does not exist")
+        if every == 1:
+            return self
+        return Workload(f"{self.name} [{k}/{every}]", self.block_tokens, self.t[k::every], self.input_len[k::every],
+                        self.output_len[k::every], self.blocks[k::every], list(self.notes))
+
     def scaled(self, copies: int) -> Workload:
         """``copies`` independent tenants replaying this trace at once (disjoint block ids)."""
         if copies < 1:
