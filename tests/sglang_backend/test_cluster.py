@@ -1,6 +1,7 @@
 """The SGLang backend's ``cluster`` section: two backend processes (SGLang's factory, real host pools),
 each on its own drives, one Mooncake master, all inside a network namespace of the test's own: pages
-one stored are found, fetched, verified and promoted by the other."""
+one stored are found, fetched, verified and promoted by the other; and a backend re-publishes the pages on
+its drives after the master restarted, and at start."""
 
 from __future__ import annotations
 
@@ -64,3 +65,44 @@ def test_bad_cluster_section_is_a_clear_error(drive_dirs):
         KVSwarmHiCacheStorage(storage_config(drives, cluster={"mastr": "x:1"}))
     with pytest.raises(ClusterError, match="'all' or 'none'"):
         KVSwarmHiCacheStorage(storage_config(drives, cluster={"publish": "sighted:2"}))
+
+
+def test_backend_republishes_its_pages_after_a_master_restart_and_at_start(tmp_path):
+    """The master restarted (its index is empty): the backend's own thread finds the node's marker gone
+    and re-publishes the pages on its drives, with no call of SGLang's; and a backend opened on drives
+    that hold pages (into a master that lost them) re-publishes them at start."""
+    c = Cluster(tmp_path)
+    p = None
+    log = tmp_path / "a.log"
+
+    def say(line: str) -> dict:
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+        out = p.stdout.readline()
+        assert out, log.read_text()[-4000:]
+        return json.loads(out)
+
+    try:
+        ns = c.netns()
+        m = c.master(ns)
+        p = node(ns, "restart", str(tmp_path / "a"), CFG | {"check_interval_s": 0.2, "republish_batch": 4}, str(log))
+        line = p.stdout.readline()
+        assert line, log.read_text()[-4000:]
+        assert json.loads(line) == {"set": [True] * 6, "indexed": 6}
+        m.stop(kill=True)
+        m.start()
+        after = say("restarted")
+        assert after["indexed"] == 6 and after["republished"] >= 6 and after["equal"], after
+        assert say("close")["close_s"] < 10  # the thread stops within one step
+        m.stop(kill=True)  # the pages left the cluster with the backend's segment; the new master knows none
+        m.start()
+        opened = say("restarted")
+        assert opened["local"] == 6 and opened["indexed"] == 6 and opened["republished"] >= 6 and opened["equal"]
+        p.stdin.close()
+        assert p.wait(60) == 0, log.read_text()[-4000:]
+        print(f"re-published after a master restart in {after['seconds']:.2f} s, at start in "
+              f"{opened['seconds']:.2f} s")
+    finally:
+        if p is not None and p.poll() is None:
+            p.kill()
+        c.cleanup()

@@ -26,7 +26,9 @@ With a ``"cluster": {...}`` section (a :class:`~kvswarm.cluster.ClusterConfig`, 
 backend also reads what servers on other nodes published to the cluster's Mooncake Store: a page its
 drives lack counts in ``batch_exists`` when the cluster holds it, is fetched (its frame verified) into
 the host pool on a read and written to this rank's drives; the pages it writes are published
-(``publish``: ``all`` or ``none``).
+(``publish``: ``all`` or ``none``).  A writer rank that publishes also re-publishes the pages on its
+drives at start and whenever the master no longer indexes the node (it restarted, failed over, or
+took the node for dead), from a thread of its own (:class:`~.republisher.Republisher`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from kvswarm.cluster.pool import ClusterPool
 from kvswarm.errors import ClusterError, FlushError, KVSwarmError
 from kvswarm.format import key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
+from kvswarm.integrations.sglang.republisher import Republisher
 from kvswarm.layout import KVLayout
 from kvswarm.store import KVStore, Runs, StoreConfig
 
@@ -190,6 +193,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         self.keyspace = KeySpace.of("sglang", pool_layout(storage_config, None), self.tenant)
         self.cluster: ClusterPool | None = None
         self._publish = False
+        self._republisher: Republisher | None = None
         if extra.get("cluster") is not None:
             cfg = ClusterConfig.from_dict(extra["cluster"])
             if cfg.publish not in ("all", "none"):
@@ -197,6 +201,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             self.cluster = ClusterPool(cfg)
             self._publish = cfg.publish == "all" and self.writer
         first = self._store(PoolName.KV)
+        if self._publish:
+            self._republisher = Republisher(self.cluster, self._written_stores)
         log.info("kvswarm HiCache backend: %d drives, %s%s store, %d pages", len(self.drives),
                  "MLA ranks' shared" if self.replicated else "this rank's",
                  " (written here)" if self.writer else " (followed: written by another process)",
@@ -208,8 +214,8 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
             for p in paths:
                 os.makedirs(p, exist_ok=True)
         store = KVStore(StoreConfig(drives=paths, follow=follow, **self._store_options))
-        # At start-up rather than in the first batch: see BufferPool.populate (SGLang's backends
-        # have no thread of their own to do it in the background).
+        # At start-up rather than in the first batch: see BufferPool.populate (SGLang gives its
+        # backends no thread to do it in the background).
         store.warm_buffers()
         return store
 
@@ -231,11 +237,18 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
                         if not follow:
                             raise
                         return None  # its writer has not made it yet: a miss for now
+                    if self._republisher is not None and not follow:
+                        self._republisher.want()  # the pages already on its drives
         elif follow:
             store.refresh()
         if sum(store.drive_health()) != self._healthy.get(sub, store.num_drives):
             self._drop_unreadable(sub, store)
         return store
+
+    def _written_stores(self) -> list[KVStore]:
+        """The stores open now that this process writes (what it publishes, and re-publishes)."""
+        with self._opening:
+            return [s for s in self._stores.values() if not s.config.follow]
 
     def _drop_unreadable(self, sub: str, store: KVStore) -> None:
         """Delete the pages with an extent on a failed drive of ``store``, so existence checks miss on them
@@ -624,6 +637,9 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         return None
 
     def close(self) -> None:
+        if self._republisher is not None:
+            self._republisher.close()  # before the pool and the stores it uses
+            self._republisher = None
         if self.cluster is not None:
             self.cluster.close()  # publications in flight land first (bounded)
             self.cluster = None
