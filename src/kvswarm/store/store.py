@@ -651,14 +651,18 @@ class KVStore:
             raise ConfigError(f"{len(hints)} placement hints for {len(items)} items")
         unit = self.config.stripe_unit - HEADER_SIZE
         mvs = [as_bufs(data) for _, data in items]
-        for (key, _), mv in zip(items, mvs):  # the header's fields: u32 length, u16 part count
-            n = bufs_len(mv)
-            if n > MAX_OBJECT or -(-n // unit) > MAX_PARTS:
-                raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
-                                  f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
-        lease = self._lease(sum(self.object_bytes(bufs_len(mv)) for mv in mvs))
+        lens = [bufs_len(mv) for mv in mvs]
+        if max(lens, default=0) > min(MAX_OBJECT, MAX_PARTS * unit):  # the header: u32 length, u16 part count
+            key, n = next((k, n) for (k, _), n in zip(items, lens) if n > min(MAX_OBJECT, MAX_PARTS * unit))
+            raise ConfigError(f"object {key[:32]!r} of {n} B is too large: at most {MAX_OBJECT} B and "
+                              f"{MAX_PARTS} parts of stripe_unit - 64 = {unit} B")
+        # One extent per object (most batches): their sizes at once, for the lease and the allocation.
+        single = np.fromiter(lens, np.int64, len(lens))
+        single = (single + (HEADER_SIZE + ALIGN - 1)) // ALIGN * ALIGN if (single <= unit).all() else None
+        lease = self._lease(int(single.sum()) if single is not None else sum(map(self.object_bytes, lens)))
         try:
-            objs, cols, srcs = self._allocate_extents(items, hints, mvs, unit)
+            objs, cols, srcs = self._allocate_extents(items, hints, mvs, lens, unit,
+                                                      None if single is None else single.tolist())
         except BaseException:
             lease.release()
             raise
@@ -675,11 +679,12 @@ class KVStore:
         return PutHandle(self, self.engine.submit(writes, checked=True), (staged, writes, lease))
 
     def _allocate_extents(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
-                          mvs: list[Bufs], unit: int
+                          mvs: list[Bufs], lens: list[int], unit: int, single: list[int] | None
                           ) -> tuple[list[tuple[bytes, int, int, int]], list[tuple[int, int, int, int]], list[Bufs]]:
-        """Place and allocate every extent of a put batch: per object (digest, generation, length,
-        parts); per extent (drive, offset, extent bytes, payload bytes) and its payload's source.  On an
-        error (DriveFull in a later part) every extent taken so far goes back."""
+        """Place and allocate every extent of a put batch (``single``: each object's one extent size,
+        when every object has one): per object (digest, generation, length, parts); per extent (drive,
+        offset, extent bytes, payload bytes) and its payload's source.  On an error (DriveFull in a
+        later part) every extent taken so far goes back."""
         place = self.placement.place
         objs: list[tuple[bytes, int, int, int]] = []
         cols: list[tuple[int, int, int, int]] = []
@@ -688,14 +693,24 @@ class KVStore:
             views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
             allocs = [d.alloc for d in self.drives]
             gen0 = self.catalog.new_generations(len(items))
-            for j, ((key, _), mv) in enumerate(zip(items, mvs)):
+            if single is not None:
+                for j, ((key, _), mv, n, ext_len) in enumerate(zip(items, mvs, lens, single)):
+                    digest = KEY_DIGEST(key)
+                    drv = place(digest, 1, views, hints[j] if hints else None)[0]
+                    off = allocs[drv].alloc(ext_len)
+                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
+                        drv, off = self._alloc(drv, ext_len)
+                    cols.append((drv, off, ext_len, n))
+                    srcs.append(mv)
+                    objs.append((digest, gen0 + j, n, 1))
+                return objs, cols, srcs
+            for j, ((key, _), mv, n) in enumerate(zip(items, mvs, lens)):
                 digest = KEY_DIGEST(key)
-                n = bufs_len(mv)
                 parts = max(1, -(-n // unit))
                 targets = place(digest, parts, views, hints[j] if hints else None)
                 for part in range(parts):
                     chunk = part_of(mv, part * unit, unit) if parts > 1 else mv
-                    c = bufs_len(chunk)
+                    c = min(unit, n - part * unit)
                     ext_len = extent_size(c)
                     drv = targets[part]
                     off = allocs[drv].alloc(ext_len)
@@ -752,7 +767,7 @@ class KVStore:
                       srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], tuple]:
         """The extents' layout (payload gathered, header packed, checksums) in kvswarm.io._batchio, one
         call per batch; the staged objects and the native write batch's columns."""
-        drive, offset, ext_len, plen = (np.array([c[f] for c in cols], np.int64) for f in range(4))
+        drive, offset, ext_len, plen = np.array(cols, np.int64).reshape(-1, 4).T.copy()  # rows contiguous
         at = lease.offset + np.cumsum(ext_len) - ext_len
         nparts = np.array([p for *_, p in objs], np.int64)
         part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
@@ -764,8 +779,12 @@ class KVStore:
                               plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
                               per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
                               per_extent([g for _, g, _, _ in objs], np.int64))
+        csums = sums.tolist()
+        if len(cols) == len(objs):  # one extent per object
+            return [(digest, Entry(gen, n, (Extent(drv, off, ln, cs),)), 1)
+                    for (digest, gen, n, _), (drv, off, ln, _), cs in zip(objs, cols, csums)], (drive, offset, ext_len, at)
         staged: list[tuple[bytes, Entry, int]] = []
-        csums, k = sums.tolist(), 0
+        k = 0
         for digest, gen, n, parts in objs:
             exts = tuple(Extent(d, o, ln, cs) for (d, o, ln, _), cs in zip(cols[k:k + parts], csums[k:k + parts]))
             staged.append((digest, Entry(gen, n, exts), parts))
