@@ -169,3 +169,23 @@ def test_written_before_lists_only_older_live_objects(tmp_path):
     cat.put(old[7], Entry(cat.new_generation(), 1, ((0, 0, 4096, 2),)))  # rewritten: newer now
     cat.put(b"n" * 16, Entry(cat.new_generation(), 1, ((0, 0, 4096, 3),)))  # new, in row 3 reused
     assert list(cat.written_before(cut)) == [k for i, k in enumerate(old) if i not in (3, 7)]
+
+
+def test_a_batch_of_new_objects_replays_like_its_puts_one_by_one(tmp_path):
+    """A put batch of new one-extent objects is journaled as one block of records: replayed, it gives
+    the same entries as the same puts made one at a time, and mixed batches after it still replay."""
+    items = [(os.urandom(16), Entry(i + 1, 1000 + i, ((i % 4, 4096 * i, 4096, 2**63 + i),))) for i in range(50)]
+    one, batch = Catalog(str(tmp_path / "one")), Catalog(str(tmp_path / "batch"))
+    for d, e in items:
+        one.put_many([(d, e)])
+    batch.put_many(items)
+    mixed = [(items[0][0], Entry(60, 7, ((1, 1 << 20, 8192, 5), (2, 1 << 20, 4096, 6)))), (os.urandom(16),
+             Entry(61, 9, ((3, 2 << 20, 4096, 7),)))]
+    for cat in (one, batch):
+        cat.put_many(mixed)
+        cat.sync()
+        os.close(cat._jfd)  # a crash: the journal alone is replayed
+    want = dict(items) | dict(mixed)
+    assert Catalog(str(tmp_path / "one")).entries == want
+    assert Catalog(str(tmp_path / "batch")).entries == want
+    assert os.path.getsize(tmp_path / "one" / JOURNAL) == os.path.getsize(tmp_path / "batch" / JOURNAL)

@@ -51,6 +51,8 @@ _EXT_NP = np.dtype([("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("cs
 assert _REC_NP.itemsize == _REC.size and _EXT_NP.itemsize == _EXT.size
 _CRC = struct.Struct("<I")
 OP_PUT, OP_DEL = 1, 2
+# A put record of a one-extent entry, whole (record, extent, CRC over the rest): encoded by the batch.
+_PUT1_NP = np.dtype(_REC_NP.descr + _EXT_NP.descr + [("crc", "<u4")])
 
 # One checkpoint row per extent.
 CKPT_DTYPE = np.dtype([("digest", "S16"), ("generation", "<u8"), ("payload_len", "<u4"), ("part", "<u2"),
@@ -138,6 +140,20 @@ def _encode(op: int, digest: bytes, e: Entry | None, _rec=_REC.pack, _ext=_EXT.p
     return body + _crc(_h32(body))
 
 
+def _encode_puts(digests: list[bytes], entries: list[Entry], _h32=xxhash.xxh32_intdigest) -> bytes:
+    """``_encode(OP_PUT, d, e)`` for every pair, all of whose entries have one extent, at once."""
+    rec = np.zeros(len(digests), _PUT1_NP)
+    rec["len"], rec["op"], rec["parts"] = _PUT1_NP.itemsize, OP_PUT, 1
+    rec["digest"] = np.array(digests, "V16")
+    rec["generation"] = [e.generation for e in entries]
+    rec["payload_len"] = [e.payload_len for e in entries]
+    rec["drive"], rec["offset"], rec["length"], rec["csum"] = zip(*[e.extents[0] for e in entries])
+    size, body = _PUT1_NP.itemsize, _PUT1_NP.itemsize - _CRC.size
+    mv = memoryview(rec.view(np.uint8))
+    rec["crc"] = [_h32(mv[o:o + body]) for o in range(0, len(digests) * size, size)]
+    return rec.tobytes()
+
+
 def _record_end(data: bytes, pos: int) -> int | None:
     """Where the journal record at ``pos`` ends, if a whole, valid one starts there."""
     if pos + _REC.size + _CRC.size > len(data):
@@ -220,7 +236,8 @@ class Catalog:
         self._lock = threading.Lock()
         self._index: dict[bytes, int] = {}  # digest -> row
         self.entries = Entries(self)
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] = []  # journal records not written yet
+        self._pending_records = 0
         self._clear()
         self._jfd = -1
         # follow: the journal's (inode, size) at the last look, and the bytes of it applied (None: it is
@@ -567,7 +584,19 @@ class Catalog:
             raise KVSwarmError("a following catalog is read-only: its writer records puts")
         out: list[Entry | None] = []
         index = self._index
+        if not items:
+            return out
         with self._lock:
+            digests = [d for d, _ in items]
+            entries = [e for _, e in items]
+            if (len(set(digests)) == len(digests) and not any(map(index.__contains__, digests))
+                    and all(len(e.extents) == 1 for e in entries)):  # new objects of one extent: most batches
+                rows = self._new_rows(len(digests))
+                self._append(_encode_puts(digests, entries), len(digests))
+                self._set(rows, digests, entries)
+                index.update(zip(digests, rows))
+                self._write_if_many()
+                return [None] * len(digests)
             rows: list[int] = []
             digests: list[bytes] = []
             entries: list[Entry] = []
@@ -725,15 +754,16 @@ class Catalog:
     def digest_at(self, row: int) -> bytes:
         return self._rows["digest"][row].tobytes()
 
-    def _append(self, rec: bytes) -> None:
+    def _append(self, rec: bytes, records: int = 1) -> None:
         self._pending.append(rec)
-        self._records_since_ckpt += 1
+        self._pending_records += records
+        self._records_since_ckpt += records
 
     def _write_if_many(self) -> None:
         """Write pending records out once there are many, after the change they record is applied in
         memory.  A failed write is not raised here, where the caller could not tell what was applied:
         the records stay pending, and ``sync`` (a flush), which makes them durable, reports it."""
-        if len(self._pending) >= 4096:
+        if self._pending_records >= 4096:
             with contextlib.suppress(OSError):
                 self._write_pending()
 
@@ -751,6 +781,7 @@ class Catalog:
             os.ftruncate(self._jfd, start)
             raise
         self._pending.clear()
+        self._pending_records = 0
 
     def sync(self) -> None:
         """Make every record appended so far durable (the caller synced the data first)."""
