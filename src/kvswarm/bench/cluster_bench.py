@@ -241,6 +241,9 @@ def role_restart(spec: dict) -> None:
                 break
             time.sleep(0.05)
     took = time.perf_counter() - t0
+    while tm.republishing and time.monotonic() < deadline:  # its publications collected and counted
+        tm.maintain(4096)
+        time.sleep(0.01)
     sample = random.Random(0).sample(range(n), min(1000, n))
     wrong = 0
     r = tm.cluster.fetch([digests[i] for i in sample], block)

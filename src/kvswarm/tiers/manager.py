@@ -404,6 +404,11 @@ class TierManager:
         rp.poll()
         return sent
 
+    @property
+    def republishing(self) -> bool:
+        """A re-publication is under way (:meth:`maintain` drives it)."""
+        return self._republication is not None and self._republication.active
+
     def republish(self) -> int:
         """Re-publish every durable block now and wait until the re-publication is over (blocks the
         cluster refuses are tried again for ``republish_retry_s``); how many were handed to the cluster
