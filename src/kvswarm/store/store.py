@@ -822,37 +822,8 @@ class KVStore:
     def _finish_put(self, staged: tuple[list[tuple[bytes, Entry, int]], list[IORequest] | native_io.NativeBatch,
                                         Lease]) -> list[bool]:
         items, io, lease = staged
-        if isinstance(io, native_io.NativeBatch):
-            drives, offsets = io.drive.tolist(), io.offset.tolist()
-            lengths, results = io.length.tolist(), io.res.tolist()
-        else:
-            drives, offsets = [r.drive for r in io], [r.offset for r in io]
-            lengths, results = [len(r.buf) for r in io], [r.result for r in io]
-        out = []
-        done: list[tuple[bytes, Entry]] = []
-        k = 0
         try:
-            for digest, entry, parts in items:
-                ok = True
-                for x in range(k, k + parts):
-                    drv, res = drives[x], results[x]
-                    if res == -errno.ENOSPC:  # a thin volume out of space: full, not failed
-                        d = self.drives[drv]
-                        d.nospc += 1
-                        d.mark_full(f"a write at {offsets[x]}")
-                        ok = False
-                    elif res != lengths[x]:
-                        self._io_error(drv, offsets[x], res)
-                        ok = False
-                    elif not self.drives[drv].healthy:  # failed while it was written: never readable
-                        ok = False
-                k += parts
-                if ok:
-                    done.append((digest, entry))
-                else:
-                    self._free(entry)
-                    self.counters["put_failures"] += 1
-                out.append(ok)
+            done, out = self._landed(items, io)
             for old in self.catalog.put_many(done):  # may raise (a journal write failed): the lease still goes
                 if old is not None:
                     self._free_after_flush(old)
@@ -862,6 +833,44 @@ class KVStore:
         finally:
             lease.release()
         return out
+
+    def _landed(self, items: list[tuple[bytes, Entry, int]], io: list[IORequest] | native_io.NativeBatch
+                ) -> tuple[list[tuple[bytes, Entry]], list[bool]]:
+        """The objects of a finished put batch whose every extent landed on a drive still in service,
+        and per object whether it did; the others' extents go back (a full or failed drive noted)."""
+        if isinstance(io, native_io.NativeBatch):
+            if (io.res == io.length).all() and all(self.drives[d].healthy for d in np.unique(io.drive).tolist()):
+                return [(digest, entry) for digest, entry, _ in items], [True] * len(items)  # most batches
+            drives, offsets = io.drive.tolist(), io.offset.tolist()
+            lengths, results = io.length.tolist(), io.res.tolist()
+        else:
+            drives, offsets = [r.drive for r in io], [r.offset for r in io]
+            lengths, results = [len(r.buf) for r in io], [r.result for r in io]
+        out = []
+        done: list[tuple[bytes, Entry]] = []
+        k = 0
+        for digest, entry, parts in items:
+            ok = True
+            for x in range(k, k + parts):
+                drv, res = drives[x], results[x]
+                if res == -errno.ENOSPC:  # a thin volume out of space: full, not failed
+                    d = self.drives[drv]
+                    d.nospc += 1
+                    d.mark_full(f"a write at {offsets[x]}")
+                    ok = False
+                elif res != lengths[x]:
+                    self._io_error(drv, offsets[x], res)
+                    ok = False
+                elif not self.drives[drv].healthy:  # failed while it was written: never readable
+                    ok = False
+            k += parts
+            if ok:
+                done.append((digest, entry))
+            else:
+                self._free(entry)
+                self.counters["put_failures"] += 1
+            out.append(ok)
+        return done, out
 
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
