@@ -1,5 +1,6 @@
-"""A transformers ChatSession across two processes with the real SmolLM2: node B's first turn for a
-prompt node A answered is served from the cluster, with the first token of a from-scratch prefill."""
+"""A transformers ChatSession across two processes with the real SmolLM2 (the nodes of `kvswarm demo
+--cluster`): node B's first turn for a prompt node A answered is served from the cluster, with the
+first token of a from-scratch prefill."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from cluster_net import Cluster, node_env
 
 pytestmark = pytest.mark.model
 pytest.importorskip("transformers")
-CHAT = Path(__file__).with_name("cluster_chat.py")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +31,8 @@ def model_present():
 def node(ns, role: str, tmp_path: Path, cfg: dict) -> subprocess.Popen:
     d = tmp_path / role
     d.mkdir()
-    return subprocess.Popen([*ns.wrap(), sys.executable, str(CHAT), role, str(d), json.dumps(cfg)],
+    return subprocess.Popen([*ns.wrap(), sys.executable, "-m", "kvswarm.cluster.demo_node", role, str(d),
+                             json.dumps(cfg), "150"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / f"{role}.log", "w"),
                             text=True, env=node_env())
 
@@ -48,10 +49,11 @@ def test_decode_node_first_turn_served_from_cluster(tmp_path):
         procs.append(pb := node(ns, "decode", tmp_path, cfg | {"publish": "none"}))
         b = json.loads(pb.communicate(timeout=300)[0].strip().splitlines()[-1])
         pa.communicate("", timeout=60)
-        assert a["reused"] == 0 and b["prompt"] == a["prompt"]
-        assert b["tiers"] == ["cluster"] and b["reused"] >= b["prompt"] - 16  # every full block but the last token's
-        assert b["tokens"][0] == b["ref_first_token"] and b["max_logit_diff"] < 1e-3
-        assert b["tokens"] == a["tokens"]
+        assert a["reused_tokens"] == 0 and b["prompt_tokens"] == a["prompt_tokens"]
+        # every full block but the last token's
+        assert b["tiers"] == ["cluster"] and b["reused_tokens"] >= b["prompt_tokens"] - 16
+        assert b["first_token"] == b["recompute_first_token"] and b["max_logit_diff"] < 1e-3
+        assert b["reply"] == a["reply"]
     finally:
         for p in procs:
             p.kill()
