@@ -587,16 +587,8 @@ class Catalog:
         if not items:
             return out
         with self._lock:
-            digests = [d for d, _ in items]
-            entries = [e for _, e in items]
-            if (len(set(digests)) == len(digests) and not any(map(index.__contains__, digests))
-                    and all(len(e.extents) == 1 for e in entries)):  # new objects of one extent: most batches
-                rows = self._new_rows(len(digests))
-                self._append(_encode_puts(digests, entries), len(digests))
-                self._set(rows, digests, entries)
-                index.update(zip(digests, rows))
-                self._write_if_many()
-                return [None] * len(digests)
+            if self._put_new(items):
+                return [None] * len(items)
             rows: list[int] = []
             digests: list[bytes] = []
             entries: list[Entry] = []
@@ -753,6 +745,21 @@ class Catalog:
 
     def digest_at(self, row: int) -> bytes:
         return self._rows["digest"][row].tobytes()
+
+    def _put_new(self, items: Sequence[tuple[bytes, Entry]]) -> bool:
+        """Record a batch of new, distinct one-extent objects (most batches) at once: rows, one block
+        of journal records, the index; False, doing nothing, for any other batch.  Under the lock."""
+        digests = [d for d, _ in items]
+        entries = [e for _, e in items]
+        if (len(set(digests)) < len(digests) or any(map(self._index.__contains__, digests))
+                or any(len(e.extents) != 1 for e in entries)):
+            return False
+        rows = self._new_rows(len(digests))
+        self._append(_encode_puts(digests, entries), len(digests))
+        self._set(rows, digests, entries)
+        self._index.update(zip(digests, rows))
+        self._write_if_many()
+        return True
 
     def _append(self, rec: bytes, records: int = 1) -> None:
         self._pending.append(rec)
