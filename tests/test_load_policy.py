@@ -42,3 +42,20 @@ def test_deadline_needs_a_prefill_rate_and_names_are_checked():
     with pytest.raises(ValueError, match="unknown load policy"):
         make_load_policy("sometimes")
     assert LOAD_POLICIES.names() == ["always", "deadline"]
+
+
+def test_deadline_probes_a_stale_estimate_so_one_slow_load_does_not_decline_forever():
+    now = [0.0]
+    p = DeadlineLoad(1000, smoothing=0.5, probe_interval_s=1.0, clock=lambda: now[0])
+    p.observe(MB, 10.0)  # a cold first read: 0.1 MB/s, a block would take 10 s
+    assert not p.worth_loading(0, MB, 64)
+    now[0] = 0.9
+    assert not p.worth_loading(0, MB, 64)  # news is recent: declined
+    now[0] = 1.2
+    assert p.worth_loading(0, MB, 64)  # no load for 1.2 s: this block is loaded as a probe
+    assert p.probes == 1
+    assert not p.worth_loading(0, MB, 64)  # one probe per interval
+    p.observe(MB, 0.01)  # the probe's job: 100 MB/s
+    p.observe(MB, 0.01)
+    assert p.worth_loading(0, MB, 64)  # the refreshed estimate loads again
+    assert p.probes == 1

@@ -499,6 +499,7 @@ def test_deadline_policy_recomputes_blocks_that_would_arrive_too_late(drives, pr
     keys = keys_for(8)
     fill(primary, range(8))
     tier = open_tier(drives, primary, load_policy="deadline", recompute_tokens_per_s=1e12)
+    tier.load_policy.probe_interval_s = 1e9  # no probe of the estimate: every late block is declined
     run = JobRunner(tier)
     assert run.run(keys, range(8), load=False).success
     assert run.lookup(keys) == [LookupResult.HIT] * 8  # no load measured yet: loaded
@@ -506,7 +507,7 @@ def test_deadline_policy_recomputes_blocks_that_would_arrive_too_late(drives, pr
     assert tier.load_policy.bytes_per_s > 0
     assert run.lookup(keys) == [LookupResult.MISS] * 8  # recomputing 32 tokens takes ~0 s here
     stats = tier.load_stats()
-    assert stats["deadline_recomputes"] == 8 and stats["lookup_hits"] == 8
+    assert stats["deadline_recomputes"] == 8 and stats["lookup_hits"] == 8 and stats["deadline_probes"] == 0
     assert stats["load_bytes_submitted"] == 8 * LAYOUT.block_bytes
     tier.shutdown()
     tier = open_tier(drives, primary)  # "always", the default

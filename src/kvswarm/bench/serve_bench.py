@@ -51,14 +51,14 @@ MiB = 1 << 20
 SCALES = {
     "smoke": Scaling(window_s=300, conversation_sample=50, time_compression=10, block_tokens=32, max_blocks=4,
                      max_output=2),
-    "quick": Scaling(window_s=300, conversation_sample=30, time_compression=3, block_tokens=32, max_blocks=6,
+    "quick": Scaling(window_s=600, conversation_sample=30, time_compression=10, block_tokens=32, max_blocks=8,
                      max_output=4),
-    "full": Scaling(window_s=600, conversation_sample=30, time_compression=3, block_tokens=32, max_blocks=8,
+    "full": Scaling(window_s=1200, conversation_sample=30, time_compression=10, block_tokens=32, max_blocks=8,
                     max_output=8),
 }
 ENGINE = {"block_size": 32, "dtype": "float32", "max_num_seqs": 4}
-KV_TOKENS = 1536  # vLLM's own KV space, in tokens (the trace's distinct blocks overflow it)
-CPU_TIER_TOKENS = 1024  # the CPU primary tier of the offloading configurations
+KV_TOKENS = 1024  # vLLM's own KV space, in tokens (the trace's distinct blocks overflow it)
+CPU_TIER_TOKENS = 1024  # the CPU primary tier of the offloading configurations (as large as vLLM's own)
 CONFIGS = ("no_offload", "fs_1drive", "kvswarm_1drive", "kvswarm_4drives")
 
 
@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     size.add_argument("--smoke", action="store_true",
                       help="a dozen requests; no offload, and fs and kvswarm (4 drives) restarted only (CI)")
     size.add_argument("--quick", action="store_true",
-                      help="40 requests; no offload, fs and kvswarm on 4 drives, with and without a restart")
+                      help="71 requests; no offload, fs and kvswarm on 4 drives, with and without a restart")
     p.add_argument("--json", metavar="PATH", help="write results (with a 'summary' dict) here; a plot beside it")
     p.add_argument("--summary", metavar="PATH", help="also write a small JSON here: the summary and the settings")
     p.add_argument("--dir", help="scratch directory (default: a temp dir in /var/tmp)")
@@ -231,8 +231,8 @@ def run_config(cfg: Config, job: dict, phases: list[list[dict]], results: dict, 
 HOW_RUN = ("both tiers under vLLM's TieringOffloadingManager with kvswarm's CPU worker: fs as a secondary tier of "
            "CPUTieringOffloadingSpec (vLLM's TieringOffloadingSpec + kvswarm's worker), kvswarm's tier under "
            "KVSwarmOffloadingSpec (the same + the kvswarm tier); same CPU primary tier size; engines run inside the "
-           "testbed's blkio group (kernel-throttled loop devices); fs on ext4 on one loop device (buffered I/O, "
-           "page cache), kvswarm O_DIRECT on the raw loop devices")
+           "testbed's blkio group (kernel-throttled loop devices); fs on ext4 on one loop device (O_DIRECT, which "
+           "vLLM's fs tier probes for and uses), kvswarm O_DIRECT on the raw loop devices")
 
 
 def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, devices: list[str], console) -> dict:

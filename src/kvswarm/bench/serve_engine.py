@@ -93,10 +93,12 @@ class LoadCounter:
         self._submit(job)
 
 
-def run_requests(engine, requests: list[dict], t_start: float) -> list[dict]:
-    """Add each request at its arrival time, step while any is unfinished; per-request records."""
+def run_requests(engine, requests: list[dict], t_start: float, steps: list) -> list[dict]:
+    """Add each request at its arrival time, step while any is unfinished; per-request records.
+    ``steps`` gets one ``(end_s, seconds, running, waiting)`` row per engine step."""
     from vllm import SamplingParams
 
+    scheduler = engine.engine_core.engine_core.scheduler
     pending = sorted(requests, key=lambda r: r["arrival_s"])
     info: dict[str, dict] = {}
     i = 0
@@ -112,8 +114,11 @@ def run_requests(engine, requests: list[dict], t_start: float) -> list[dict]:
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, min(0.05, pending[i]["arrival_s"] - now)))
             continue
+        t_step = time.perf_counter()
         outs = engine.step()
         now = time.perf_counter() - t_start
+        steps.append((round(now, 4), round(time.perf_counter() - t_step, 4), len(scheduler.running),
+                      len(scheduler.waiting)))
         for o in outs:
             rec = info[o.request_id]
             if "first_token_s" not in rec and o.outputs and o.outputs[0].token_ids:
@@ -186,10 +191,11 @@ def main(argv: list[str]) -> int:
         before = dict(CacheStats.totals)
         tiers_before = tier_stats(manager, counters)
         t_start = time.perf_counter()
-        records = run_requests(engine, requests, t_start)
+        steps: list = []
+        records = run_requests(engine, requests, t_start, steps)
         replay_s = time.perf_counter() - t_start
         fillers = settle(engine, manager)
-        phases.append({"replay_s": replay_s, "fillers": fillers, "requests": records,
+        phases.append({"replay_s": replay_s, "fillers": fillers, "requests": records, "steps": steps,
                        "cache": {k: v - before[k] for k, v in CacheStats.totals.items()},
                        "tiers": [{k: (v - b[k] if isinstance(v, int) else v) for k, v in a.items()}
                                  for a, b in zip(tier_stats(manager, counters), tiers_before)]})

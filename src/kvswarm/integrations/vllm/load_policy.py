@@ -13,13 +13,20 @@ that block and every later one of the request, as with any miss).
   prefill rate, given in the tier's config).  A block that cannot arrive before its recompute would
   finish is recomputed.  The load rate is an exponential average of finished load jobs' bytes over
   their time from submission to completion (a job waiting behind others reads slower, so a busy tier
-  estimates conservatively); before the first load finishes, every block is loaded.
+  estimates conservatively); before the first load finishes, every block is loaded.  A policy that
+  declines every block would never see a load again, so one slow job (a cold first read after a
+  restart) would make it recompute everything from then on: when no load has finished for
+  ``probe_interval_s``, the next block it would decline is loaded as a probe, and its job refreshes
+  the estimate.
 
 Policies are used by the scheduler thread (``worth_loading``) and the tier's driver thread
 (``observe``); both only read and write plain floats.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from kvswarm.registry import Registry
 
@@ -47,22 +54,35 @@ class DeadlineLoad(LoadPolicy):
 
     name = "deadline"
 
-    def __init__(self, recompute_tokens_per_s: float | None = None, smoothing: float = 0.2) -> None:
+    def __init__(self, recompute_tokens_per_s: float | None = None, smoothing: float = 0.2,
+                 probe_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         if not recompute_tokens_per_s or recompute_tokens_per_s <= 0:
             raise ValueError("load_policy 'deadline' needs recompute_tokens_per_s > 0 (the engine's prefill rate)")
         self.recompute_tokens_per_s = float(recompute_tokens_per_s)
         self.smoothing = smoothing
+        self.probe_interval_s = probe_interval_s
         self.bytes_per_s: float | None = None  # measured load rate; None until a load finishes
+        self.probes = 0  # blocks loaded only to refresh a stale estimate
+        self._clock = clock
+        self._last_news = clock()  # the last finished load, or the last probe sent
 
     def worth_loading(self, queued_bytes: int, block_bytes: int, tokens: int) -> bool:
         if self.bytes_per_s is None:
             return True
         arrival = (queued_bytes + block_bytes) / self.bytes_per_s
-        return arrival <= tokens / self.recompute_tokens_per_s
+        if arrival <= tokens / self.recompute_tokens_per_s:
+            return True
+        now = self._clock()
+        if now - self._last_news < self.probe_interval_s:
+            return False
+        self._last_news = now
+        self.probes += 1
+        return True
 
     def observe(self, nbytes: int, seconds: float) -> None:
         if nbytes <= 0 or seconds <= 0:
             return
+        self._last_news = self._clock()
         rate = nbytes / seconds
         prev = self.bytes_per_s
         self.bytes_per_s = rate if prev is None else prev + self.smoothing * (rate - prev)

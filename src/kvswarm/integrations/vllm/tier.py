@@ -293,6 +293,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._found: dict[str, int] = {}  # per request: blocks this tier's lookups found (and kept) so far
         self._lookup_hits = 0
         self._declined = 0  # blocks found but answered MISS: the load policy chose to recompute them
+        self._load_jobs = 0
+        self._load_ms = 0  # summed over load jobs, submit to finish
+        self._load_ms_max = 0.0
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self.cluster: ClusterLink | None = None
         if cluster is not None:
@@ -346,9 +349,13 @@ class KVSwarmTierManager(SecondaryTierManager):
         return _HIT
 
     def load_stats(self) -> dict[str, int]:
-        """Lookup hits answered HIT, blocks found but recomputed by the load policy, load bytes submitted."""
+        """Lookup hits answered HIT (probes of the load policy's estimate among them), blocks found but
+        recomputed by the load policy, load bytes submitted, load jobs finished with their summed and
+        longest time from submit to finish (ms)."""
         return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
-                "load_bytes_submitted": self._load_bytes_submitted}
+                "deadline_probes": getattr(self.load_policy, "probes", 0),
+                "load_bytes_submitted": self._load_bytes_submitted, "load_jobs": self._load_jobs,
+                "load_ms": self._load_ms, "load_ms_max": self._load_ms_max}
 
     def _digest(self, key: OffloadKey) -> bytes:
         return KEY_DIGEST(self._prefix + key)
@@ -852,6 +859,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         if j.load:
             self.load_policy.observe(len(ok_keys) * self.block_size_bytes, result.transfer_time)
             self._load_bytes_finished += len(j.keys) * self.block_size_bytes
+            self._load_jobs += 1
+            self._load_ms += round(result.transfer_time * 1000)
+            self._load_ms_max = max(self._load_ms_max, result.transfer_time * 1000)
         # Loads write nothing: no store keys to work out for them.
         stored = [k for k in j.keys if self.keyspace.key(k) in j.written] if j.written else []
         self._report(result, stored)
