@@ -35,6 +35,7 @@ class LoadPolicy:
     """Base: load everything."""
 
     name = "base"
+    probes = 0  # blocks loaded only to refresh the policy's estimate (a policy that keeps one)
 
     def worth_loading(self, queued_bytes: int, block_bytes: int, tokens: int) -> bool:
         """``queued_bytes``: bytes to load ahead of this block (in flight and this request's earlier
@@ -62,7 +63,6 @@ class DeadlineLoad(LoadPolicy):
         self.smoothing = smoothing
         self.probe_interval_s = probe_interval_s
         self.bytes_per_s: float | None = None  # measured load rate; None until a load finishes
-        self.probes = 0  # blocks loaded only to refresh a stale estimate
         self._clock = clock
         self._last_news = clock()  # the last finished load, or the last probe sent
 

@@ -353,7 +353,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         recomputed by the load policy, load bytes submitted, load jobs finished with their summed and
         longest time from submit to finish (ms)."""
         return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
-                "deadline_probes": getattr(self.load_policy, "probes", 0),
+                "deadline_probes": self.load_policy.probes,
                 "load_bytes_submitted": self._load_bytes_submitted, "load_jobs": self._load_jobs,
                 "load_ms": self._load_ms, "load_ms_max": self._load_ms_max}
 
