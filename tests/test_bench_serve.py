@@ -44,6 +44,8 @@ def test_smoke_serves_the_trace_with_identical_outputs_in_every_configuration(tm
     # The restarted kvswarm engine found blocks the first engine stored on its drives.
     after = r["runs"]["kvswarm_4drives_restart"]["phases"][1]["tiers"][0]
     assert after["lookup_hits"] > 0 and after["loaded_blocks"] > 0
+    # Each promotion from the kvswarm tier was completed within its lookup or, its wait run out, deferred.
+    assert after["inline_promotions"] + after["inline_timeouts"] > 0
     kv = s["kvswarm_4drives_restart"]
     assert len(kv["written_mib_per_drive"]) == 4 and all(w > 0 for w in kv["written_mib_per_drive"])
     assert (tmp_path / "serve.png").stat().st_size > 0

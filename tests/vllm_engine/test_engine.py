@@ -88,12 +88,14 @@ def test_corrupted_blocks_are_misses_and_output_stays_exact(written, model_dir, 
     if huge_first and not r["in_place_at_start"]:
         pytest.skip("this kernel does not collapse shared memory into huge pages (MADV_COLLAPSE)")
     assert r["in_place_at_start"] == huge_first  # without it the first loads copy, while the region is collapsed
-    assert r["counters"]["corrupt"] == 3
-    assert r["counters"]["hits"] <= BLOCKS - 3
+    # The scheduler looks blocks up in prefix order and stops at the first miss; the manager promotes each
+    # within its lookup, so the first bad block is read and the blocks after it are recomputed, not read.
+    assert 1 <= r["counters"]["corrupt"] <= 3
+    assert r["counters"]["hits"] <= BLOCKS - 1
     assert r["first"]["cached_tokens"] < BLOCKS * 32  # recomputed from the first bad block on
     assert r["first"]["tokens"] == w["first"]["tokens"]
     assert r["first"]["logprobs"] == w["first"]["logprobs"]
-    assert r["objects_after"] == BLOCKS  # the bad blocks were dropped and written again
+    assert r["objects_after"] == BLOCKS  # the bad blocks read were dropped and written again
 
 
 def test_follower_engine_reads_a_live_writer_engines_blocks(model_dir, tmp_path, drive_dirs):

@@ -11,8 +11,10 @@ primary tier) so that the trace overflows it.  Configurations:
 - ``kvswarm_1drive`` and ``kvswarm_4drives``: kvswarm's tier on one and on four drives.
 
 vLLM's own offloading worker is CUDA/XPU-only, so on the CPU build both tiers run under
-``CPUTieringOffloadingSpec`` (fs) and ``KVSwarmOffloadingSpec`` (kvswarm): the same vLLM tiering
-manager, CPU primary region and kvswarm CPU worker; they differ in the secondary tier alone.  Drives
+``CPUTieringOffloadingSpec`` (fs) and ``KVSwarmOffloadingSpec`` (kvswarm): the same tiering manager
+(:class:`~kvswarm.integrations.vllm.promotion.InlinePromotionManager`: vLLM's, which promotes from the
+kvswarm tier within the lookup that finds a block, ``--inline-wait``, and from the fs tier as vLLM
+does), CPU primary region and kvswarm CPU worker; they differ in the secondary tier alone.  Drives
 are loop devices capped by the kernel's blkio throttle (:mod:`kvswarm.testbed`), the same caps for
 every drive of every configuration; the engines run inside the throttled group.
 
@@ -91,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(--smoke: only)")
     p.add_argument("--load-policy", default="deadline", choices=["deadline", "always"],
                    help="kvswarm tier's load policy")
+    p.add_argument("--inline-wait", type=float, default=0.25, metavar="S",
+                   help="kvswarm tier's inline_wait_s: how long a lookup may wait for its promotion (0: deferred to "
+                        "the next step, as vLLM's manager does for every tier)")
 
 
 def scale_of(args: argparse.Namespace) -> str:
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                      "scaling": scale.as_dict(), "scaling_text": scale.describe(), "engine": engine,
                      "cpu_tier_bytes": CPU_TIER_TOKENS * kv_bytes_per_token, "requests": len(requests),
                      "prompt_tokens": tokens, "trace_reuse": reuse(requests), "load_policy": args.load_policy,
-                     "drive_bytes": drive_bytes, "second_half_at_s": t_half, "runs": {}}
+                     "inline_wait_s": args.inline_wait, "drive_bytes": drive_bytes, "second_half_at_s": t_half, "runs": {}}
     console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
                   f"{tokens} prompt tokens, block reuse {results['trace_reuse']:.2f}; engine {engine}")
     results["load_avg_start"] = os.getloadavg()
@@ -160,8 +165,8 @@ def run(args: argparse.Namespace) -> int:
         for cfg in configs_of(args):
             console.print(f"[bold]{cfg.label}[/bold]")
             job = {"model": model, "engine": engine, "warmup_prompts": warm}
-            r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, args.load_policy,
-                           console)
+            options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
+            r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, options, console)
             if cfg.name == "no_offload":
                 prefill_tps = r["prefill_tokens_per_s"]
                 results["recompute_tokens_per_s"] = prefill_tps
@@ -179,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
 def settings(r: dict) -> dict:
     return {k: r[k] for k in ("scale", "scaling", "scaling_text", "engine", "cpu_tier_bytes", "requests",
-                              "prompt_tokens", "trace_reuse", "load_policy", "drive_bytes",
+                              "prompt_tokens", "trace_reuse", "load_policy", "inline_wait_s", "drive_bytes",
                               "recompute_tokens_per_s", "second_half_at_s", "testbed", "how_run", "load_avg_start",
                               "load_avg_end")
             if k in r} | {"cpus": os.cpu_count()}
@@ -187,22 +192,24 @@ def settings(r: dict) -> dict:
 
 # ---- one configuration -------------------------------------------------------------------------
 def connector(cfg: Config, paths: list[str], meta_dir: str | None, drive_bytes: int, prefill_tps: float | None,
-              policy: str, cpu_bytes: int) -> dict | None:
+              options: dict, cpu_bytes: int) -> dict | None:
+    """The engine's ``kv_connector_extra_config`` (None: no offload); ``options``: the kvswarm tier's
+    ``load_policy`` and ``inline_wait_s``."""
     if cfg.tier is None:
         return None
     if cfg.tier == "fs":
         return {"spec_name": "CPUTieringOffloadingSpec", "spec_module_path": "kvswarm.integrations.vllm",
                 "cpu_bytes_to_use": cpu_bytes, "secondary_tiers": [{"type": "fs", "root_dir": paths[0]}]}
     section = {"drives": paths, "meta_dir": meta_dir, "capacity_per_drive": drive_bytes, "tenant": "bench-serve",
-               "load_policy": policy}
-    if policy == "deadline":
+               **options}
+    if options["load_policy"] == "deadline":
         section["recompute_tokens_per_s"] = prefill_tps
     return {"spec_name": "KVSwarmOffloadingSpec", "spec_module_path": "kvswarm.integrations.vllm",
             "cpu_bytes_to_use": cpu_bytes, "kvswarm": section}
 
 
 def run_config(cfg: Config, job: dict, phases: list[list[dict]], results: dict, root: str, caps, drive_bytes: int,
-               prefill_tps: float | None, policy: str, console) -> dict:
+               prefill_tps: float | None, options: dict, console) -> dict:
     from kvswarm.testbed import KERNEL, Testbed
 
     work = tempfile.mkdtemp(prefix=cfg.label + "-", dir=root)
@@ -221,18 +228,19 @@ def run_config(cfg: Config, job: dict, phases: list[list[dict]], results: dict, 
             paths = list(tb.paths)
         results["how_run"] = HOW_RUN
         try:
-            conn = connector(cfg, paths, tb.meta_dir, drive_bytes, prefill_tps, policy, results["cpu_tier_bytes"])
+            conn = connector(cfg, paths, tb.meta_dir, drive_bytes, prefill_tps, options, results["cpu_tier_bytes"])
             return _run_engines(cfg, dict(job, connector=conn), phases, work, list(tb.paths), console)
         finally:
             if mnt is not None:
                 subprocess.run(["umount", mnt], check=True)
 
 
-HOW_RUN = ("both tiers under vLLM's TieringOffloadingManager with kvswarm's CPU worker: fs as a secondary tier of "
-           "CPUTieringOffloadingSpec (vLLM's TieringOffloadingSpec + kvswarm's worker), kvswarm's tier under "
-           "KVSwarmOffloadingSpec (the same + the kvswarm tier); same CPU primary tier size; engines run inside the "
-           "testbed's blkio group (kernel-throttled loop devices); fs on ext4 on one loop device (O_DIRECT, which "
-           "vLLM's fs tier probes for and uses), kvswarm O_DIRECT on the raw loop devices")
+HOW_RUN = ("both tiers under InlinePromotionManager (vLLM's TieringOffloadingManager; it promotes from a tier that "
+           "bounds its wait, kvswarm's, within the lookup that finds a block, and from vLLM's fs tier at the step's end "
+           "as vLLM does) with kvswarm's CPU worker: fs as a secondary tier of CPUTieringOffloadingSpec, kvswarm's tier "
+           "under KVSwarmOffloadingSpec; same CPU primary tier size; engines run inside the testbed's blkio group "
+           "(kernel-throttled loop devices); fs on ext4 on one loop device (O_DIRECT, which vLLM's fs tier probes for "
+           "and uses), kvswarm O_DIRECT on the raw loop devices")
 
 
 def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, devices: list[str], console) -> dict:

@@ -156,7 +156,8 @@ def settle(engine, manager, seconds: float = 30.0) -> int:
 
 
 def tier_stats(manager, counters: list[LoadCounter]) -> list[dict]:
-    """Per secondary tier: blocks loaded so far, and the tier's own load counters (kvswarm's)."""
+    """Per secondary tier: blocks loaded so far, and the tier's own load counters (kvswarm's), with the
+    manager's promotions completed within their lookup and waits that ran out (one inline tier per engine)."""
     out = []
     if manager is None:
         return out
@@ -165,6 +166,8 @@ def tier_stats(manager, counters: list[LoadCounter]) -> list[dict]:
         stats = getattr(t, "load_stats", None)
         if stats is not None:
             row |= stats()
+        if getattr(t, "inline_wait_s", 0) > 0:
+            row |= {"inline_promotions": manager.inline_promotions, "inline_timeouts": manager.inline_timeouts}
         out.append(row)
     return out
 

@@ -42,19 +42,25 @@ from kvswarm.layout import KVLayout
 _END = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 
 
-def offloading_spec(layout: KVLayout, cpu_bytes: int, engine_id: str = "kvswarm-harness") -> TieringOffloadingSpec:
-    """vLLM's scheduler-side spec for a one-worker engine whose chunks are ``layout`` blocks."""
-    config = OffloadingConfig(
+def offloading_config(layout: KVLayout, cpu_bytes: int, engine_id: str = "kvswarm-harness",
+                      extra: dict | None = None) -> OffloadingConfig:
+    """vLLM's offloading config for a one-worker engine whose chunks are ``layout`` blocks
+    (``extra``: more of ``kv_connector_extra_config``, e.g. ``secondary_tiers``)."""
+    return OffloadingConfig(
         groups=(OffloadingGroupConfig(layout.tokens_per_block,
                                       tuple(f"model.layers.{i}.self_attn.attn" for i in range(layout.num_layers)), 0),),
         worker_kv_bytes_per_block=layout.block_bytes, enable_kv_cache_events=False,
-        extra_config={"cpu_bytes_to_use": cpu_bytes}, engine_id=engine_id,
+        extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})}, engine_id=engine_id,
         model=OffloadingModelConfig(name=layout.model_id or "kvswarm-harness", dtype=layout.dtype),
         cache=OffloadingCacheConfig(tokens_per_hash=layout.tokens_per_block, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
                                           data_parallel_index=0, data_parallel_size=1,
                                           data_parallel_rank_local=None, is_parallelism_agnostic=True))
-    return TieringOffloadingSpec(config)
+
+
+def offloading_spec(layout: KVLayout, cpu_bytes: int, engine_id: str = "kvswarm-harness") -> TieringOffloadingSpec:
+    """vLLM's scheduler-side spec for a one-worker engine whose chunks are ``layout`` blocks."""
+    return TieringOffloadingSpec(offloading_config(layout, cpu_bytes, engine_id))
 
 
 _regions = itertools.count()

@@ -6,11 +6,12 @@ Loaded by vLLM's ``OffloadingConnector`` from ``kv_connector_extra_config``::
      "cpu_bytes_to_use": 4294967296,
      "kvswarm": {"drives": ["/mnt/nvme0/kv", "/mnt/nvme1/kv"], "capacity_per_drive": 68719476736}}
 
-It is vLLM's ``TieringOffloadingSpec`` (CPU primary tier + secondary tiers, vLLM's own
-scheduler-side manager) with two changes: the ``kvswarm`` section becomes a
-:class:`~kvswarm.integrations.vllm.tier.KVSwarmTierManager` secondary tier, and the
-worker is :class:`~kvswarm.integrations.vllm.worker.KVSwarmOffloadingWorker`, which
-also runs where vLLM's CUDA/XPU-only worker does not (the CPU backend).
+It is vLLM's ``TieringOffloadingSpec`` (CPU primary tier + secondary tiers) with three changes: the
+``kvswarm`` section becomes a :class:`~kvswarm.integrations.vllm.tier.KVSwarmTierManager` secondary
+tier; the scheduler-side manager is :class:`~kvswarm.integrations.vllm.promotion.InlinePromotionManager`
+(vLLM's, completing a promotion from the kvswarm tier within the lookup that finds the chunk); and the
+worker is :class:`~kvswarm.integrations.vllm.worker.KVSwarmOffloadingWorker`, which also runs where
+vLLM's CUDA/XPU-only worker does not (the CPU backend).
 
 ``CPUTieringOffloadingSpec`` is the same without the ``kvswarm`` section: vLLM's own secondary
 tiers (its ``fs`` tier) under the same worker, on the CPU backend too.
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingManager, OffloadingWorker
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
+from kvswarm.integrations.vllm.promotion import InlinePromotionManager
 from kvswarm.integrations.vllm.tier import MODULE_PATH, TIER_TYPE
 from kvswarm.integrations.vllm.worker import KVSwarmOffloadingWorker
 
@@ -48,13 +51,22 @@ def with_kvswarm_tier(extra_config: dict) -> dict:
 class CPUTieringOffloadingSpec(TieringOffloadingSpec):
     """vLLM's ``TieringOffloadingSpec`` (any secondary tiers, vLLM's fs tier included) with kvswarm's
     worker, so that it also runs on vLLM's CPU backend (``spec_name: "CPUTieringOffloadingSpec"``).
-    Tiers compared under it differ in the tier alone: same worker, same primary region."""
+    Its manager is :class:`~kvswarm.integrations.vllm.promotion.InlinePromotionManager`, which promotes
+    exactly as vLLM's does from tiers that cannot bound a wait (vLLM's fs tier) and within the lookup from
+    those that can (kvswarm's).  Tiers compared under it differ in the tier alone: same worker, same
+    primary region, same manager."""
 
     def __init__(self, config: OffloadingConfig) -> None:
         if config.canonical_layout:
             raise ValueError(f"{type(self).__name__} stores each worker's direct layout; drop canonical_layout")
         super().__init__(config)
         self._worker: OffloadingWorker | None = None
+
+    def get_manager(self) -> OffloadingManager:
+        manager = super().get_manager()
+        if type(manager) is TieringOffloadingManager:  # built by vLLM's spec: same tiers, our manager
+            manager = self._manager = InlinePromotionManager(manager.primary_tier, manager.secondary_tiers)
+        return manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if self._worker is None:

@@ -234,10 +234,14 @@ class KVSwarmTierManager(SecondaryTierManager):
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
                  refresh_interval: float = 0.05, huge_pages: bool = True, load_policy: str = "always",
-                 recompute_tokens_per_s: float | None = None, cluster: dict | None = None,
-                 backpressure_detector: BackpressureDetector | None = None) -> None:
+                 recompute_tokens_per_s: float | None = None, inline_wait_s: float = 0.25,
+                 cluster: dict | None = None, backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.load_policy = make_load_policy(load_policy, recompute_tokens_per_s)  # first: a bad one opens nothing
+        if inline_wait_s < 0:
+            raise ValueError(f"inline_wait_s must be >= 0, not {inline_wait_s}")
+        # How long the scheduler may wait, within a lookup, for a promotion from this tier (InlinePromotionManager).
+        self.inline_wait_s = float(inline_wait_s)
         # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
         # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
         region = getattr(offloading_spec, "_scheduler_mmap", None) if huge_pages else None
@@ -276,6 +280,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = queue.SimpleQueue()
         self._pending = 0  # jobs queued or in flight, for drain_jobs
+        self._loads_open = 0  # vLLM's load jobs queued or in flight, for wait_loads
         self._idle = threading.Condition()
         self._writing: set[bytes] = set()  # keys of puts in flight (driver thread only)
         # Lookup hits, for the eviction policy (a deque: append/popleft are atomic, and cheaper than a queue).
@@ -400,6 +405,14 @@ class KVSwarmTierManager(SecondaryTierManager):
         with self._idle:
             self._idle.wait_for(lambda: self._pending == 0)
 
+    def wait_loads(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every load job submitted so far is finished (its
+        result then waits in ``get_finished_jobs``); True if they all are.  Used by
+        :class:`~kvswarm.integrations.vllm.promotion.InlinePromotionManager` to complete a promotion
+        within the lookup that found the chunk (``inline_wait_s`` bounds it)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._loads_open == 0, timeout)
+
     def shutdown(self) -> None:
         if self._driver.is_alive():
             self.drain_jobs()
@@ -428,6 +441,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             raise ValueError(f"job {job.job_id}: chunk ids do not match keys or lie outside the primary tier")
         with self._idle:
             self._pending += 1
+            self._loads_open += load
         if load:
             self._load_bytes_submitted += len(keys) * bs
         if self.follow and not load:  # another engine writes this store: nothing stored, nothing lost
@@ -864,13 +878,14 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._load_ms_max = max(self._load_ms_max, result.transfer_time * 1000)
         # Loads write nothing: no store keys to work out for them.
         stored = [k for k in j.keys if self.keyspace.key(k) in j.written] if j.written else []
-        self._report(result, stored)
+        self._report(result, stored, load=j.load)
 
-    def _report(self, result: JobResult | None, stored: list[OffloadKey]) -> None:
+    def _report(self, result: JobResult | None, stored: list[OffloadKey], load: bool = False) -> None:
         """A job is over: its result for vLLM (None: the tier's own job, only counted)."""
         if result is not None:
             self._finished.put((result, stored))
         with self._idle:
             self._pending -= 1
-            if self._pending == 0:
+            self._loads_open -= load
+            if self._pending == 0 or (load and self._loads_open == 0):
                 self._idle.notify_all()

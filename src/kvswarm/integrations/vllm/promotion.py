@@ -1,0 +1,79 @@
+"""``InlinePromotionManager``: vLLM's tiering manager, promoting a chunk within the lookup that finds it.
+
+vLLM's ``TieringOffloadingManager`` answers a lookup that finds a chunk in a secondary tier with
+HIT_PENDING and submits its promotion (secondary -> CPU primary tier) at the end of the scheduler
+step; the scheduler defers the request, sees the promotion finished at its next step, and the CPU->KV
+copy lands one step after that.  A hit from a tier thus costs the request two engine steps, seconds
+under load, whatever the tier's speed.
+
+This manager submits such a promotion at once and, for a tier that can bound its wait
+(:class:`InlineLoads`: the kvswarm tier, whose read of a chunk takes milliseconds), waits up to the
+tier's ``inline_wait_s`` for it within the lookup.  Finished and verified, the chunk is a HIT there
+and then, so the request is scheduled one step earlier; a chunk that fails its read is a MISS
+(recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  The wait holds
+the scheduler, and so the engine, for the read of the request's chunks found in the tier: the tier's
+load policy (``deadline``) already declines chunks whose load would take longer than recomputing them.
+Tiers without ``wait_loads`` (vLLM's fs tier) are promoted exactly as vLLM does.
+
+It relies on two of the vLLM manager's own steps (``_initiate_promotion``, which queues a promotion,
+and ``_flush_pending_promotions`` / ``_process_finished_jobs``, which submit and complete them);
+``tests/vllm_engine/test_promotion.py`` pins their behaviour for the vLLM version the setup installs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
+from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
+from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+
+
+@runtime_checkable
+class InlineLoads(Protocol):
+    """A secondary tier whose promotions a lookup may wait for."""
+
+    inline_wait_s: float  # the longest wait within one lookup; 0: promote as vLLM does
+
+    def wait_loads(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every submitted load job is finished; True if all are."""
+        ...
+
+
+class InlinePromotionManager(TieringOffloadingManager):
+    """``TieringOffloadingManager`` whose lookups complete promotions from :class:`InlineLoads` tiers
+    (see the module doc).  ``inline_promotions`` counts chunks promoted within their lookup,
+    ``inline_timeouts`` waits that ran out (those chunks then came the deferred way)."""
+
+    def __init__(self, primary_tier: CPUPrimaryTierOffloadingManager,
+                 secondary_tiers: list[SecondaryTierManager] | None = None) -> None:
+        super().__init__(primary_tier, secondary_tiers)
+        self._inline = {i: t for i, t in enumerate(self.secondary_tiers)
+                        if isinstance(t, InlineLoads) and t.inline_wait_s > 0}
+        self._settled: OffloadKey | None = None  # the chunk the current lookup promoted and completed
+        self.inline_promotions = 0
+        self.inline_timeouts = 0
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext, *,
+               exclude_tier_idx: int | None = None) -> LookupResult:
+        result = super().lookup(key, req_context, exclude_tier_idx=exclude_tier_idx)
+        if result is LookupResult.HIT_PENDING and self._settled == key:
+            self._settled = None
+            # HIT once its promotion wrote it; MISS when the read failed (the primary dropped the slot).
+            return self.primary_tier.lookup(key, req_context)
+        return result
+
+    def _initiate_promotion(self, tier_idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
+        if not super()._initiate_promotion(tier_idx, key, req_context):
+            return False
+        tier = self._inline.get(tier_idx)
+        if tier is None:
+            return True
+        self._flush_pending_promotions()  # this step's queued promotions, this one among them, submitted now
+        if not tier.wait_loads(tier.inline_wait_s):
+            self.inline_timeouts += 1
+            return True  # still loading: HIT_PENDING, completed at a later step as vLLM does
+        self._process_finished_jobs()  # the primary tier takes the promoted chunk (or drops a failed one)
+        self._settled = key
+        self.inline_promotions += 1
+        return True
