@@ -32,8 +32,8 @@ def drives(drive_dirs):
     return drive_dirs(2)
 
 
-def manager(tiers: list[dict], spec_cls=CPUTieringOffloadingSpec, **extra):
-    config = offloading_config(LAYOUT, CHUNKS * LAYOUT.block_bytes, f"promotion-{os.getpid()}-{next(_ids)}",
+def manager(tiers: list[dict], spec_cls=CPUTieringOffloadingSpec, chunks: int = CHUNKS, **extra):
+    config = offloading_config(LAYOUT, chunks * LAYOUT.block_bytes, f"promotion-{os.getpid()}-{next(_ids)}",
                                {"secondary_tiers": tiers, **extra})
     return spec_cls(config).get_manager()
 
@@ -94,6 +94,26 @@ def test_a_chunk_on_the_drives_is_a_verified_hit_within_its_lookup(drives):
         assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 6
         assert m.inline_promotions == 6 and m.inline_timeouts == 0
         assert all(np.array_equal(a, b) for a, b in zip(read_back(m, keys, ctx), data))
+        m.on_request_finished(ctx)
+    finally:
+        m.shutdown()
+
+
+def test_a_hit_stays_in_the_primary_tier_until_the_step_ends(drives):
+    """A two-chunk primary tier: the third block's promotion finds no chunk to evict (the first two are
+    HITs this step, held for their load), so it is a MISS and the two HITs load intact; next step the
+    pins are gone and the third block can be promoted."""
+    keys = keys_for(3)
+    m = manager([kvswarm_tier(drives)], chunks=2)
+    try:
+        data = store(m, keys[:2], seed=1) + store(m, keys[2:], seed=2)
+        ctx = ReqContext(req_id="reader")
+        m.on_new_request(ctx)
+        assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT, LookupResult.HIT, LookupResult.MISS]
+        assert all(np.array_equal(a, b) for a, b in zip(read_back(m, keys[:2], ctx), data[:2]))
+        m.on_schedule_end(END)
+        assert m.lookup(keys[2], ctx) is LookupResult.HIT
+        assert np.array_equal(read_back(m, keys[2:], ctx)[0], data[2])
         m.on_request_finished(ctx)
     finally:
         m.shutdown()

@@ -10,7 +10,10 @@ This manager submits such a promotion at once and, for a tier that can bound its
 (:class:`InlineLoads`: the kvswarm tier, whose read of a chunk takes milliseconds), waits up to the
 tier's ``inline_wait_s`` for it within the lookup.  Finished and verified, the chunk is a HIT there
 and then, so the request is scheduled one step earlier; a chunk that fails its read is a MISS
-(recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  The wait holds
+(recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  Promoting within a
+lookup allocates primary chunks in the middle of the scheduler's pass, where it may evict a chunk an
+earlier lookup answered HIT and no load has pinned yet, so every HIT is held in the primary tier until
+the step ends (its request's load pins it meanwhile; a request left waiting looks it up again).  The wait holds
 the scheduler, and so the engine, for the read of the request's chunks found in the tier: the tier's
 load policy (``deadline``) already declines chunks whose load would take longer than recomputing them.
 Tiers without ``wait_loads`` (vLLM's fs tier) are promoted exactly as vLLM does.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
+from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext, ScheduleEndContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
 
@@ -51,6 +54,7 @@ class InlinePromotionManager(TieringOffloadingManager):
         self._inline = {i: t for i, t in enumerate(self.secondary_tiers)
                         if isinstance(t, InlineLoads) and t.inline_wait_s > 0}
         self._settled: OffloadKey | None = None  # the chunk the current lookup promoted and completed
+        self._pins: list[tuple[OffloadKey, ReqContext]] = []  # HITs held in the primary tier until the step ends
         self.inline_promotions = 0
         self.inline_timeouts = 0
 
@@ -60,8 +64,27 @@ class InlinePromotionManager(TieringOffloadingManager):
         if result is LookupResult.HIT_PENDING and self._settled == key:
             self._settled = None
             # HIT once its promotion wrote it; MISS when the read failed (the primary dropped the slot).
-            return self.primary_tier.lookup(key, req_context)
+            result = self.primary_tier.lookup(key, req_context)
+        if result is LookupResult.HIT and self._inline:
+            # A HIT must still be in the primary tier when its request's load pins it, later in this step;
+            # an inline promotion meanwhile allocates primary chunks and may evict unpinned ones (which
+            # vLLM's deferred promotion never does within a step), so a HIT is held until the step ends.
+            self.primary_tier.prepare_read([key], req_context)
+            self._pins.append((key, req_context))
         return result
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._release_pins()  # this step's loads have pinned their chunks by now
+        super().on_schedule_end(context)
+
+    def reset_cache(self) -> None:
+        self._release_pins()
+        super().reset_cache()
+
+    def _release_pins(self) -> None:
+        for key, req_context in self._pins:
+            self.primary_tier.complete_read([key], req_context)
+        self._pins.clear()
 
     def _initiate_promotion(self, tier_idx: int, key: OffloadKey, req_context: ReqContext) -> bool:
         if not super()._initiate_promotion(tier_idx, key, req_context):
