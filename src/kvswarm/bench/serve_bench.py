@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(--smoke: only)")
     p.add_argument("--load-policy", default="deadline", choices=["deadline", "always"],
                    help="kvswarm tier's load policy")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="serve every configuration N times, the order reversed every other round, so that the "
+                        "shared machine's drift falls on every configuration alike; percentiles pool the rounds")
     p.add_argument("--inline-wait", type=float, default=0.25, metavar="S",
                    help="kvswarm tier's inline_wait_s: how long a lookup may wait for its promotion (0: deferred to "
                         "the next step, as vLLM's manager does for every tier)")
@@ -159,20 +162,27 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
                   f"{tokens} prompt tokens, block reuse {results['trace_reuse']:.2f}; engine {engine}")
     results["load_avg_start"] = os.getloadavg()
+    if args.rounds < 1:
+        raise SystemExit("kvswarm bench serve: --rounds must be >= 1")
+    results["rounds"] = args.rounds
     root = tempfile.mkdtemp(prefix="kvswarm-bench-serve-", dir=args.dir or "/var/tmp")
     prefill_tps = None
+    configs = configs_of(args)
+    per_round: dict[str, list[dict]] = {c.label: [] for c in configs}
     try:
-        for cfg in configs_of(args):
-            console.print(f"[bold]{cfg.label}[/bold]")
-            job = {"model": model, "engine": engine, "warmup_prompts": warm}
-            options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
-            r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, options, console)
-            if cfg.name == "no_offload":
-                prefill_tps = r["prefill_tokens_per_s"]
-                results["recompute_tokens_per_s"] = prefill_tps
-            results["runs"][cfg.label] = r
+        for rnd in range(args.rounds):
+            for cfg in configs if rnd % 2 == 0 else configs[::-1]:  # no_offload first: its warm-up times prefill
+                console.print(f"[bold]{cfg.label}[/bold]" + (f" (round {rnd + 1})" if args.rounds > 1 else ""))
+                job = {"model": model, "engine": engine, "warmup_prompts": warm}
+                options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
+                r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, options, console)
+                if prefill_tps is None and cfg.name == "no_offload":
+                    prefill_tps = r["prefill_tokens_per_s"]
+                    results["recompute_tokens_per_s"] = prefill_tps
+                per_round[cfg.label].append(r)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    results["runs"] = {label: pool_rounds(runs) for label, runs in per_round.items()}
     results["load_avg_end"] = os.getloadavg()
     rc = finish(results, summarize, report, console, args.json, plot)
     if args.summary:
@@ -184,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
 def settings(r: dict) -> dict:
     return {k: r[k] for k in ("scale", "scaling", "scaling_text", "engine", "cpu_tier_bytes", "requests",
-                              "prompt_tokens", "trace_reuse", "load_policy", "inline_wait_s", "drive_bytes",
+                              "prompt_tokens", "trace_reuse", "load_policy", "inline_wait_s", "rounds", "drive_bytes",
                               "recompute_tokens_per_s", "second_half_at_s", "testbed", "how_run", "load_avg_start",
                               "load_avg_end")
             if k in r} | {"cpus": os.cpu_count()}
@@ -268,6 +278,19 @@ def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, de
     return out
 
 
+def pool_rounds(runs: list[dict]) -> dict:
+    """One configuration's rounds as one run: phases in round order (first half, second half, ...),
+    bytes per drive summed, the load average from the first round's start to the last one's end."""
+    out = dict(runs[0])
+    out["phases"] = [p for r in runs for p in r["phases"]]
+    out["per_drive"] = [{k: sum(r["per_drive"][i][k] for r in runs) for k in ("read_bytes", "written_bytes")}
+                        for i in range(len(runs[0]["per_drive"]))]
+    out["load_avg"] = [runs[0]["load_avg"][0], runs[-1]["load_avg"][1]]
+    out["engine_start_s"] = [t for r in runs for t in r["engine_start_s"]]
+    out["prefill_tokens_per_s"] = [r["prefill_tokens_per_s"] for r in runs]
+    return out
+
+
 def _child(job: dict, work: str, name: str) -> dict:
     jp, op = os.path.join(work, name + ".job.json"), os.path.join(work, name + ".out.json")
     with open(jp, "w") as f:
@@ -339,7 +362,7 @@ def summarize(r: dict) -> dict:
         wrong += m["wrong_outputs"]
         m["read_mib_per_drive"] = [d["read_bytes"] / MiB for d in run["per_drive"]]
         m["written_mib_per_drive"] = [d["written_bytes"] / MiB for d in run["per_drive"]]
-        second = run["phases"][-1]["requests"]
+        second = [q for p in run["phases"][1::2] for q in p["requests"]]  # every round's second half
         m["second_half_ttft_p90_s"] = pct([q["ttft_s"] for q in second], 90)
         m["second_half_ttft_p50_s"] = pct([q["ttft_s"] for q in second], 50)
         m["load_avg_1min"] = [run["load_avg"][0][0], run["load_avg"][1][0]]
@@ -405,7 +428,7 @@ def plot(r: dict, path: str) -> None:
             if run["restart"] != restart and run["config"] != "no_offload":
                 continue
             xs, ys = [], []
-            for i, p in enumerate(run["phases"]):  # on the trace's arrival schedule: the same x in every run
+            for i, p in enumerate(run["phases"][:2]):  # the first round, on the trace's arrival schedule
                 xs += [q["arrival_s"] + (boundary if i else 0.0) for q in p["requests"]]
                 ys += [q["ttft_s"] for q in p["requests"]]
             order = np.argsort(xs, kind="stable")
