@@ -13,13 +13,16 @@ and then, so the request is scheduled one step earlier; a chunk that fails its r
 (recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  Promoting within a
 lookup allocates primary chunks in the middle of the scheduler's pass, where it may evict a chunk an
 earlier lookup answered HIT and no load has pinned yet, so every HIT is held in the primary tier until
-the step ends (its request's load pins it meanwhile; a request left waiting looks it up again).  The wait holds
-the scheduler, and so the engine, for the read of the request's chunks found in the tier: the tier's
-load policy (``deadline``) already declines chunks whose load would take longer than recomputing them.
-Tiers without ``wait_loads`` (vLLM's fs tier) are promoted exactly as vLLM does.
+the step ends (its request's load pins it meanwhile; a request left waiting looks it up again).
 
-It relies on two of the vLLM manager's own steps (``_initiate_promotion``, which queues a promotion,
-and ``_flush_pending_promotions`` / ``_process_finished_jobs``, which submit and complete them);
+The wait holds the scheduler, and so the engine, for the read of each chunk found in the tier: a step
+sooner for the request, engine time for every other one (a saturated engine on one capped drive lost
+more than it gained: docs/serve.md).  The tier's load policy (``deadline``) declines chunks whose load
+would take longer than recomputing them.  Tiers without ``wait_loads`` (vLLM's fs tier) are promoted
+exactly as vLLM does.
+
+It relies on three of the vLLM manager's own methods (``_initiate_promotion``, which queues a
+promotion, ``_flush_pending_promotions`` and ``_process_finished_jobs``, which submit and complete it);
 ``tests/vllm_engine/test_promotion.py`` pins their behaviour for the vLLM version the setup installs.
 """
 
