@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvswarm.argtypes import positive_int
 from kvswarm.bench import write_summary
 from kvswarm.bench.engine_host import drop_caches, finish, reexec_in_engine_venv, standalone_main
 from kvswarm.bench.serve_trace import TRACE, Scaling, build_requests, load_records, reuse, text_pool
@@ -93,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(--smoke: only)")
     p.add_argument("--load-policy", default="deadline", choices=["deadline", "always"],
                    help="kvswarm tier's load policy")
-    p.add_argument("--rounds", type=int, default=1, metavar="N",
+    p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
                    help="serve every configuration N times, the order reversed every other round, so that the "
                         "shared machine's drift falls on every configuration alike; percentiles pool the rounds")
     p.add_argument("--inline-wait", type=float, default=0.25, metavar="S",
@@ -162,19 +163,17 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
                   f"{tokens} prompt tokens, block reuse {results['trace_reuse']:.2f}; engine {engine}")
     results["load_avg_start"] = os.getloadavg()
-    if args.rounds < 1:
-        raise SystemExit("kvswarm bench serve: --rounds must be >= 1")
     results["rounds"] = args.rounds
     root = tempfile.mkdtemp(prefix="kvswarm-bench-serve-", dir=args.dir or "/var/tmp")
     prefill_tps = None
     configs = configs_of(args)
     per_round: dict[str, list[dict]] = {c.label: [] for c in configs}
+    options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
     try:
         for rnd in range(args.rounds):
             for cfg in configs if rnd % 2 == 0 else configs[::-1]:  # no_offload first: its warm-up times prefill
                 console.print(f"[bold]{cfg.label}[/bold]" + (f" (round {rnd + 1})" if args.rounds > 1 else ""))
                 job = {"model": model, "engine": engine, "warmup_prompts": warm}
-                options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
                 r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, options, console)
                 if prefill_tps is None and cfg.name == "no_offload":
                     prefill_tps = r["prefill_tokens_per_s"]
