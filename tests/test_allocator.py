@@ -75,3 +75,18 @@ def test_full_and_bad_input():
         ExtentAllocator(1000)
     with pytest.raises(ValueError):
         ExtentAllocator.from_used(8 * U, [(0, 2 * U), (U, U)])
+
+
+@pytest.mark.parametrize("lowest_first", [False, True])
+def test_alloc_many_makes_the_choices_of_alloc_one_by_one(lowest_first):
+    a, b = (ExtentAllocator(64 * 4096, lowest_first=lowest_first) for _ in range(2))
+    for x in (a, b):  # free runs of several sizes below the bump pointer
+        offs = [x.alloc(4096 * n) for n in (1, 2, 1, 3, 1)]
+        x.release(offs[0], 4096)
+        x.release(offs[3], 3 * 4096)
+    sizes = [4096, 8192, 4096, 4096, 12288, 40 * 4096, 4096]
+    assert a.alloc_many(sizes) == [b.alloc(n) for n in sizes]
+    assert a.alloc_many([4096 * 64]) == [None] and a.used == b.used
+    with pytest.raises(UnalignedBuffer):
+        a.alloc_many([100])
+

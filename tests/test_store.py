@@ -11,6 +11,7 @@ import pytest
 import kvswarm.store.store as store_store
 import kvswarm.store.verify as store_verify
 from kvswarm import DriveError, DriveFull, FlushError, KVStore, KVSwarmError, UnalignedBuffer
+from kvswarm.digest_index import DictDigestIndex
 from kvswarm.drive import DATA_FILE
 from kvswarm.format import FLAG_SECTOR_PAYLOAD, extent_size, payload_offset
 from kvswarm.io import IORequest, Op, make_engine
@@ -625,7 +626,7 @@ def test_buffer_pool_populate_faults_the_region_in_and_keeps_contents():
 
 
 # ---- races and failures a long-running server meets -------------------------------------------
-class _Meddler(dict):
+class _Meddler(DictDigestIndex):  # a dict whose lookups (batched or one at a time) go through get
     """A catalog dict that runs ``act`` once, at its next ``get`` (after the lookup, or before it with
     ``first``): what another thread, or a follower's reload, may do between two steps of a read's
     catalog lookup."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvswarm.errors import UnalignedBuffer
 from kvswarm.format import ALIGN
@@ -63,22 +63,43 @@ class ExtentAllocator:
         with self._lock:
             if self.lowest_first:
                 return self._alloc_lowest(nbytes)
-            bucket = self._by_size.get(nbytes)
-            if bucket:
-                off = bucket.pop()
-                self._remove_run(off, nbytes, in_bucket=False)
-            elif self._bump + nbytes <= self.end:
-                off = self._bump
-                self._bump += nbytes
-            else:
-                off = next((s for s, ln in self._free_by_start.items() if ln >= nbytes), None)
-                if off is None:
-                    return None
-                ln = self._free_by_start[off]
-                self._remove_run(off, ln)
-                self._add_run(off + nbytes, ln - nbytes)
-            self._used += nbytes
-            return off
+            return self._alloc_locked(nbytes)
+
+    def _alloc_locked(self, nbytes: int) -> int | None:
+        """:meth:`alloc`'s default policy, the lock held."""
+        bucket = self._by_size.get(nbytes)
+        if bucket:
+            off = bucket.pop()
+            self._remove_run(off, nbytes, in_bucket=False)
+        elif self._bump + nbytes <= self.end:
+            off = self._bump
+            self._bump += nbytes
+        else:
+            off = next((s for s, ln in self._free_by_start.items() if ln >= nbytes), None)
+            if off is None:
+                return None
+            ln = self._free_by_start[off]
+            self._remove_run(off, ln)
+            self._add_run(off + nbytes, ln - nbytes)
+        self._used += nbytes
+        return off
+
+    def alloc_many(self, sizes: Sequence[int]) -> list[int | None]:
+        """:meth:`alloc` for each size in turn, under one lock round (a put batch's extents on one drive)."""
+        for n in set(sizes):
+            self._check(n)
+        out: list[int | None] = []
+        with self._lock:
+            for n in sizes:
+                if self.lowest_first:
+                    out.append(self._alloc_lowest(n))
+                elif self._bump + n <= self.end and not self._by_size.get(n):  # the common case: bump
+                    out.append(self._bump)
+                    self._bump += n
+                    self._used += n
+                else:
+                    out.append(self._alloc_locked(n))
+        return out
 
     def _alloc_lowest(self, nbytes: int) -> int | None:
         off = min((s for s, ln in self._free_by_start.items() if ln >= nbytes), default=None)

@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Iterator, KeysView, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +32,7 @@ import numpy as np
 import xxhash
 from numpy.lib.stride_tricks import sliding_window_view
 
+from kvswarm.digest_index import new_digest_index
 from kvswarm.errors import KVSwarmError, MetadataError
 from kvswarm.format import HEADER_SIZE
 
@@ -234,7 +235,7 @@ class Catalog:
         self.checkpoint_every = checkpoint_every
         self.follow = follow
         self._lock = threading.Lock()
-        self._index: dict[bytes, int] = {}  # digest -> row
+        self._index = new_digest_index()  # digest -> row
         self.entries = Entries(self)
         self._pending: list[bytes] = []  # journal records not written yet
         self._pending_records = 0
@@ -641,9 +642,10 @@ class Catalog:
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._index
 
-    def digests(self) -> KeysView[bytes]:
-        """A live view of the digests held (``in`` on it is one C-level dict probe: hot lookups)."""
-        return self._index.keys()
+    def digests(self) -> Collection[bytes]:
+        """A live view of the digests held (``in`` on it is one probe in native code: hot lookups;
+        iterating it walks a snapshot)."""
+        return self._index
 
     def written_before(self, generation: int) -> Iterator[bytes]:
         """Digests of the objects written before ``generation`` (by an earlier process, say), row by
@@ -664,11 +666,11 @@ class Catalog:
 
     def locate(self, digests: Sequence[bytes]) -> tuple[list[int], ExtentTable]:
         """Positions in ``digests`` of the objects held, and the extents of those objects."""
-        get = self._index.get
-        slots = [get(d, -1) for d in digests]
-        if -1 in slots:
-            found = [i for i, r in enumerate(slots) if r >= 0]
-            held = [slots[i] for i in found]
+        slots = np.empty(len(digests), np.int64)
+        self._index.lookup(digests, slots)
+        if (slots < 0).any():
+            found = np.flatnonzero(slots >= 0).tolist()
+            held = slots[found]
         else:
             found, held = list(range(len(slots))), slots
         # clip: a follower's reload may swap in a smaller table meanwhile; a row read from it fails the
@@ -677,11 +679,11 @@ class Catalog:
         # A row deleted since the index lookup (parts 0), or reused by another key (another thread's
         # delete + put, a follower's reload): a miss.  Verification alone would not catch the reuse:
         # the headers it expects come from these rows, so another key's object would verify.
-        want = np.frombuffer(b"".join([digests[i] for i in found]), ROW_DTYPE["digest"])
-        live = (rows["parts"] > 0) & (rows["digest"] == want)
+        joined = b"".join(digests if len(found) == len(digests) else [digests[i] for i in found])
+        live = (rows["parts"] > 0) & (rows["digest"] == np.frombuffer(joined, ROW_DTYPE["digest"]))
         if not live.all():
-            idx = np.flatnonzero(live).tolist()
-            found, held, rows = [found[i] for i in idx], [held[i] for i in idx], rows[idx]
+            idx = np.flatnonzero(live)
+            found, held, rows = [found[i] for i in idx.tolist()], held[idx], rows[idx]
         parts = rows["parts"]
         n = len(rows)
         if n == 0 or (parts == 1).all():  # one extent per object: the row is the extent
@@ -692,7 +694,7 @@ class Catalog:
         part: list[int] = []
         exts: list[Extent] = []
         sizes: list[int] = []  # payload bytes per extent: full extents up to the object's length
-        for i, (r, k, plen) in enumerate(zip(held, parts.tolist(), rows["payload_len"].tolist())):
+        for i, (r, k, plen) in enumerate(zip(held.tolist(), parts.tolist(), rows["payload_len"].tolist())):
             ext = multi.get(r) if k > 1 else (Extent._make(rows[["drive", "offset", "length", "csum"]][i].item()),)
             if ext is None or len(ext) != k:  # rewritten since this row was read: a miss, never part of it
                 continue

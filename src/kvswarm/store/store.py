@@ -20,12 +20,13 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, KeysView, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from kvswarm.allocator import ExtentAllocator
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
 from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
@@ -598,8 +599,6 @@ class KVStore:
 
     def _rebuild_allocators(self) -> None:
         """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
-        from kvswarm.allocator import ExtentAllocator
-
         owner, drv, off, ln = self.catalog.extent_columns()
         # A drive unreadable at open keeps its objects (misses until it is back), so its unknown size
         # drops none of them.
@@ -685,25 +684,16 @@ class KVStore:
         when every object has one): per object (digest, generation, length, parts); per extent (drive,
         offset, extent bytes, payload bytes) and its payload's source.  On an error (DriveFull in a
         later part) every extent taken so far goes back."""
+        views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
+        allocs = [d.alloc for d in self.drives]
+        gen0 = self.catalog.new_generations(len(items))
+        if single is not None:
+            return self._allocate_single(items, hints, mvs, lens, single, views, allocs, gen0)
         place = self.placement.place
         objs: list[tuple[bytes, int, int, int]] = []
         cols: list[tuple[int, int, int, int]] = []
         srcs: list[Bufs] = []
         try:
-            views = self._placement_views()  # once per batch; _alloc spills if a drive fills meanwhile
-            allocs = [d.alloc for d in self.drives]
-            gen0 = self.catalog.new_generations(len(items))
-            if single is not None:
-                for j, ((key, _), mv, n, ext_len) in enumerate(zip(items, mvs, lens, single)):
-                    digest = KEY_DIGEST(key)
-                    drv = place(digest, 1, views, hints[j] if hints else None)[0]
-                    off = allocs[drv].alloc(ext_len)
-                    if off is None:  # the chosen drive is full: spill (or make deferred frees durable)
-                        drv, off = self._alloc(drv, ext_len)
-                    cols.append((drv, off, ext_len, n))
-                    srcs.append(mv)
-                    objs.append((digest, gen0 + j, n, 1))
-                return objs, cols, srcs
             for j, ((key, _), mv, n) in enumerate(zip(items, mvs, lens)):
                 digest = KEY_DIGEST(key)
                 parts = max(1, -(-n // unit))
@@ -723,6 +713,31 @@ class KVStore:
             self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln, _ in cols)))
             raise
         return objs, cols, srcs
+
+    def _allocate_single(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None,
+                         mvs: list[Bufs], lens: list[int], single: list[int], views: list[DriveView],
+                         allocs: list[ExtentAllocator], gen0: int
+                         ) -> tuple[list[tuple[bytes, int, int, int]], list[tuple[int, int, int, int]], list[Bufs]]:
+        """:meth:`_allocate_extents` for a batch of one-extent objects: placed in one strategy call and
+        allocated in one allocator call per drive."""
+        digests = [KEY_DIGEST(key) for key, _ in items]
+        drvs = self.placement.place_many(digests, views, hints)
+        offs: list[int | None] = [None] * len(items)
+        on: dict[int, list[int]] = {}  # drive -> the objects placed on it
+        for j, d in enumerate(drvs):
+            on.setdefault(d, []).append(j)
+        try:
+            for d, js in on.items():
+                for j, off in zip(js, allocs[d].alloc_many([single[j] for j in js])):
+                    offs[j] = off
+            for j in [j for j, off in enumerate(offs) if off is None]:  # a chosen drive is full: spill
+                drvs[j], offs[j] = self._alloc(drvs[j], single[j])
+        except BaseException:  # every extent taken goes back
+            self._free(Entry(0, 0, tuple(Extent(d, o, ln, 0) for d, o, ln in zip(drvs, offs, single)
+                                         if o is not None)))
+            raise
+        objs = [(digest, gen0 + j, n, 1) for j, (digest, n) in enumerate(zip(digests, lens))]
+        return objs, list(zip(drvs, offs, single, lens)), mvs
 
     def _stage_python(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
                       srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], list[IORequest]]:
@@ -1436,8 +1451,8 @@ class KVStore:
         restart replays recency."""
         return sorted(self.catalog, key=lambda de: de[1].generation)
 
-    def digest_view(self) -> KeysView[bytes]:
-        """The digests of the objects held, as a live view: ``in`` is one dict probe, with no copy
+    def digest_view(self) -> Collection[bytes]:
+        """The digests of the objects held, as a live view: ``in`` is one index probe, with no copy
         (a lookup path's test; :meth:`digests` is a snapshot)."""
         return self.catalog.digests()
 
