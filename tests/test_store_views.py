@@ -100,15 +100,16 @@ def test_wrap_engine_paces_every_io_of_the_store(drive_dirs):
 
 
 def test_read_shape_keeps_every_drive_busy_within_the_pool(drive_dirs):
-    """The store picks its own read batches: twice every healthy drive's depth outstanding, batches of
-    4-256 keys and at most 4 MiB, all of them within half the buffer pool."""
+    """The store picks its own read batches: four times every healthy drive's depth outstanding in at
+    least four batches, batches of 4-256 keys and at most 4 MiB, all of them within half the buffer pool."""
     with _open(drive_dirs(4), queue_depth=32, buffer_pool_bytes=64 << 20) as s:
         for size in (4096, 16384, 65536, 1 << 20):
             sh = s.read_shape(s.object_bytes(size - 64))
             assert 4 <= sh.keys <= 256 and sh.keys * size <= max(4 << 20, 4 * size)
             assert sh.keys * sh.inflight * size <= 32 << 20
-            assert sh.keys * sh.inflight >= 2 * 4 * 32 or (sh.inflight + 1) * sh.keys * size > 32 << 20
-        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 4)
+            assert sh.keys * sh.inflight >= 4 * 4 * 32 or (sh.inflight + 1) * sh.keys * size > 32 << 20
+            assert sh.inflight >= 4 or (sh.inflight + 1) * sh.keys * size > 32 << 20
+        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 8)
         s.fail_drive(0)
-        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 3)  # three drives to keep busy
+        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 6)  # three drives to keep busy
         assert s.read_shape(4 << 20) == ReadShape(4, 2)  # four extents each: the pool bounds it

@@ -1504,16 +1504,19 @@ class KVStore:
 
     def read_shape(self, object_bytes: int) -> ReadShape:
         """The batch shape that keeps this store's drives busy for reads of objects taking
-        ``object_bytes`` each (:meth:`object_bytes`): twice every healthy drive's queue depth of
-        extents outstanding (the drives stay full while finished batches are verified and handed
-        over), in batches of at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys)
-        but at least 4 keys (one submission per few large objects), within half the buffer pool."""
+        ``object_bytes`` each (:meth:`object_bytes`): four times every healthy drive's queue depth
+        of extents outstanding, in at least four batches, so that while the caller finishes one
+        batch and submits the next the ring still has reads queued to refill from (two ring-fulls
+        in two batches left the drives short: 4 KiB reads over four directories at 0.80-0.88 of
+        raw's rate against 0.9-1.0 with four batches, 16 KiB 0.80 against 0.89-0.93).  Batches of
+        at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys) but at least 4 keys
+        (one submission per few large objects), all within half the buffer pool."""
         size = max(ALIGN, object_bytes)
         extents = max(1, -(-size // self.config.stripe_unit))
         keys = max(4, min(256, (4 << 20) // size))
         healthy = sum(d.healthy for d in self.drives) or 1
-        want = 2 * healthy * self.config.queue_depth
-        inflight = max(2, -(-want // (keys * extents)))
+        want = 4 * healthy * self.config.queue_depth
+        inflight = max(4, -(-want // (keys * extents)))
         room = self.config.buffer_pool_bytes // 2
         while inflight > 2 and keys * inflight * size > room:
             inflight -= 1
