@@ -3,12 +3,14 @@ O_DIRECT, verdicts per extent, per-drive depth, EIO for drives without a file, s
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
 import xxhash
 
 from kvswarm.buffers import BufferPool
+from kvswarm.format import pack_header
 from kvswarm.io import Op
 from kvswarm.io import native
 from kvswarm.metrics import DriveStats
@@ -172,3 +174,66 @@ def test_the_env_var_turns_the_path_off(monkeypatch):
     assert not native.enabled()
     monkeypatch.delenv(native.ENV)
     assert not native.enabled(False)
+
+
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_a_helper_thread_verifies_half_of_a_large_pass(files, monkeypatch, helper):
+    """A pass that takes in at least 512 KiB of payloads is verified on two threads (where the machine
+    has two CPUs): every verdict and copy the same as on one."""
+    monkeypatch.setenv("KVSWARM_IO_HELPER", helper)
+    fds, data = files
+    io, _ = _io(fds, depth=64)
+    pool = BufferPool(4 << 20)
+    drive, idx = [0, 1] * 64, [i // 2 for i in range(128)]
+    d, off, ln, at, want, poff, plen, sums = _reads(data, drive, idx)
+    bad_sum, bad_header = (5, 100), (20, 120)  # in both halves of the pass
+    for i in bad_sum:
+        sums[i] ^= 1
+    for i in bad_header:
+        want[i * HDR + 3] ^= 1
+    into = [bytearray(SZ - 64) for _ in idx]
+    b = io.submit(Op.READ, pool.array, d, off, ln, at, want, poff, plen, sums, into)
+    deadline = time.monotonic() + 5
+    while io.inflight() and time.monotonic() < deadline:  # every read back before one pass takes them in
+        time.sleep(0.05)
+        io.poll(0)
+    io.wait(b)
+    assert all(b.verdict[i] == native.BAD_CHECKSUM for i in bad_sum)
+    assert all(b.verdict[i] == native.BAD_HEADER for i in bad_header)
+    good = [i for i in range(128) if i not in bad_sum + bad_header]
+    assert (b.verdict[good] == native.OK).all()
+    assert all(bytes(into[i]) == data[drive[i]][idx[i] * SZ + 64:(idx[i] + 1) * SZ] for i in good)
+    if helper == "0" or (os.cpu_count() or 1) < 2:
+        assert io.helped == 0
+    else:
+        assert io.helped > 0
+    io.close()
+
+
+def test_pack_lays_out_every_extent_of_a_large_batch_on_two_threads():
+    """A pack of at least 512 KiB of payloads is split with the helper thread (where the machine has
+    two CPUs): every extent's header, payload, padding and checksum as the Python format makes them."""
+    rng = np.random.default_rng(3)
+    n, ext = 96, 3 * 4096  # two sector-payload extents among 12 KiB ones: 96 x ~8 KiB > 512 KiB
+    plens = [8000 + 40 * i for i in range(n)]
+    plens[10] = plens[70] = 4096  # a payload of whole sectors starts on the extent's second one
+    payloads = [rng.bytes(p) for p in plens]
+    poff = np.array([4096 if p == 4096 else HDR + 8 for p in plens], np.int64)
+    digests = rng.bytes(16 * n)
+    pool = BufferPool(n * ext)
+    pool.array[:] = 0xEE  # stale bytes the padding must overwrite
+    before = native.pack_helped()
+    sums = native.pack(pool.array, np.arange(n, dtype=np.int64) * ext, np.full(n, ext, np.int64), poff,
+                       np.array(plens, np.int64), [memoryview(p) for p in payloads], digests,
+                       np.array(plens, np.int64), np.zeros(n, np.int64), np.ones(n, np.int64),
+                       np.arange(n, dtype=np.int64) + 100)
+    mem = pool.array.tobytes()
+    for i, (p, po) in enumerate(zip(payloads, poff.tolist())):
+        e = mem[i * ext:(i + 1) * ext]
+        want = pack_header(digests[16 * i:16 * i + 16], len(p), 0, 1, 100 + i, xxhash.xxh3_64_intdigest(p),
+                           po == 4096)
+        assert e[:64] == want and int(sums[i]) == xxhash.xxh3_64_intdigest(p)
+        assert e[po:po + len(p)] == p
+        assert e[64:po] == bytes(po - 64) and e[po + len(p):] == bytes(ext - po - len(p))
+    if (os.cpu_count() or 1) >= 2 and os.environ.get("KVSWARM_IO_HELPER") != "0":
+        assert native.pack_helped() > before

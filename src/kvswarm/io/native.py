@@ -79,6 +79,12 @@ def pack(mem: object, at: np.ndarray, ext_len: np.ndarray, poff: np.ndarray, ple
     return sums
 
 
+def pack_helped() -> int:
+    """Extents :func:`pack` handed to its helper thread so far (a second core packing half of a batch
+    of at least 512 KiB of payloads; none on one CPU or with ``KVSWARM_IO_HELPER=0``)."""
+    return _batchio.pack_helped()
+
+
 class NativeIO:
     """One native ring for a set of drives (attached as the engines' are), each drive up to
     ``queue_depth`` I/Os in the ring; drive statistics are kept as the engines keep them."""
@@ -148,6 +154,12 @@ class NativeIO:
     @property
     def completions(self) -> int:
         return self._ring.completions
+
+    @property
+    def helped(self) -> int:
+        """Extents verified by the ring's helper thread (a second core hashing half of a pass that took
+        in at least 512 KiB of payloads; none on one CPU or with ``KVSWARM_IO_HELPER=0``)."""
+        return self._ring.helped
 
     def close(self) -> None:
         self._ring.close()

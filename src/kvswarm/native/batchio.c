@@ -7,9 +7,10 @@
  * Ring.reap takes completions in, refills the ring (each drive up to its depth) and, outside the
  * ring's lock, checks every completed read: whole, header equal byte for byte (56 bytes: every field
  * the header checksum covers), payload checksum, then the copy into the caller's runs.  The verdict
- * per extent says which check failed.  The caller's thread drives the ring (no worker threads, so no
- * wake-up per batch); several threads may share it (each wait is a bounded slice: a completion one
- * thread is waiting for may be taken in by another).
+ * per extent says which check failed.  The caller's thread drives the ring (no wake-up per batch);
+ * several threads may share it (each wait is a bounded slice: a completion one thread is waiting for
+ * may be taken in by another).  A helper thread verifies half of a pass's extents when the pass took
+ * in many payload bytes (see "a second core").
  *
  * The ring is set up with raw system calls (io_uring_setup/enter and mmap): no liburing to install.
  * Kernels before 5.11 (no IORING_FEAT_EXT_ARG, needed for timed waits) and processes io_uring is
@@ -68,6 +69,7 @@ typedef struct {
     int acc_top, nbounds;
     int64_t bounds_ns[MAX_BUCKETS];
     pthread_mutex_t mu;
+    struct Helper *helper;     /* verifies half of a large pass, where a core is spare (or NULL) */
 } Ring;
 
 struct Job {
@@ -285,9 +287,132 @@ static int harvest(Ring *r, Job **jobs, Py_ssize_t *idx, int cap) {
     return n;
 }
 
+/* ---- a second core ---------------------------------------------------------------------------
+ * Hashing (and, for writes, gathering) every payload is most of a large batch's CPU, and the thread
+ * driving the ring cannot refill it meanwhile.  Where the machine has a core to spare, a reap pass
+ * that took in many payload bytes, or a pack of many, hands the second half of its extents (by bytes)
+ * to a helper thread and does the first half itself.  One caller at a time uses a helper (others work
+ * alone); the helper never touches Python objects.  Each ring has one for its reads, the module one
+ * for pack.  KVSWARM_IO_HELPER=0 turns them off. */
+#define SPLIT_BYTES (512 * 1024) /* below this, waking the helper costs about what it saves */
+
+typedef void (*RangeFn)(void *ctx, int lo, int hi);
+
+typedef struct Helper {
+    pthread_t th;
+    pid_t pid;               /* the process that started it (a forked child has no helper thread) */
+    pthread_mutex_t use;     /* held by the caller whose extents the helper is working on */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    RangeFn fn;
+    void *ctx;
+    int lo, hi;
+    int state;               /* 0 idle, 1 work posted, 2 work done, 3 stop */
+    long long helped;        /* extents it did (under mu) */
+} Helper;
+
+static void *helper_main(void *arg) {
+    Helper *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->state != 1 && h->state != 3) pthread_cond_wait(&h->cv, &h->mu);
+        if (h->state == 3) break;
+        RangeFn fn = h->fn;
+        void *ctx = h->ctx;
+        int lo = h->lo, hi = h->hi;
+        pthread_mutex_unlock(&h->mu);
+        fn(ctx, lo, hi);
+        copies_fence(); /* this thread's streaming copies, visible before the caller goes on */
+        pthread_mutex_lock(&h->mu);
+        h->state = 2;
+        h->helped += hi - lo;
+        pthread_cond_broadcast(&h->cv);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* A helper thread, or NULL on one CPU, with KVSWARM_IO_HELPER=0, or when no thread can start. */
+static Helper *helper_start(void) {
+    const char *env = getenv("KVSWARM_IO_HELPER");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || (env != NULL && strcmp(env, "0") == 0)) return NULL;
+    Helper *h = PyMem_RawCalloc(1, sizeof(Helper));
+    if (h == NULL) return NULL;
+    pthread_mutex_init(&h->use, NULL);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->pid = getpid();
+    if (pthread_create(&h->th, NULL, helper_main, h) != 0) {
+        PyMem_RawFree(h);
+        return NULL;
+    }
+    return h;
+}
+
+static void helper_stop(Helper *h) {
+    if (h == NULL || h->pid != getpid()) return; /* a forked child: the thread is its parent's */
+    pthread_mutex_lock(&h->mu);
+    h->state = 3;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(h->th, NULL);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    pthread_mutex_destroy(&h->use);
+    PyMem_RawFree(h);
+}
+
+/* Run fn over extents [0, n) of ctx, whose payload bytes are bytes[k]: the helper takes the second
+ * half by bytes when the total is at least SPLIT_BYTES and it is free; the caller does the rest. */
+static void helper_run(Helper *h, RangeFn fn, void *ctx, const int64_t *bytes, int n) {
+    int split = n;
+    if (h != NULL && n >= 2 && h->pid == getpid()) {
+        int64_t total = 0;
+        for (int k = 0; k < n; k++) total += bytes[k];
+        if (total >= SPLIT_BYTES && pthread_mutex_trylock(&h->use) == 0) {
+            int64_t acc = 0;
+            for (split = 0; split < n - 1 && 2 * (acc + bytes[split]) <= total; split++) acc += bytes[split];
+            if (split == 0) split = 1;
+            pthread_mutex_lock(&h->mu);
+            h->fn = fn, h->ctx = ctx, h->lo = split, h->hi = n, h->state = 1;
+            pthread_cond_broadcast(&h->cv);
+            pthread_mutex_unlock(&h->mu);
+        }
+    }
+    fn(ctx, 0, split);
+    if (split == n) return;
+    pthread_mutex_lock(&h->mu);
+    while (h->state != 2) pthread_cond_wait(&h->cv, &h->mu);
+    h->state = 0;
+    pthread_mutex_unlock(&h->mu);
+    pthread_mutex_unlock(&h->use);
+}
+
+static long long helper_helped(Helper *h) {
+    if (h == NULL) return 0;
+    pthread_mutex_lock(&h->mu);
+    long long n = h->helped;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+typedef struct {
+    Job **jobs;
+    Py_ssize_t *idx;
+} Taken;
+
+static void finish_range(void *ctx, int lo, int hi) {
+    Taken *t = ctx;
+    for (int k = lo; k < hi; k++) finish_extent(t->jobs[k], t->idx[k]);
+}
+
 /* Verify the taken-in extents and count them per job (outside the lock). */
-static void settle(Job **jobs, Py_ssize_t *idx, int n) {
-    for (int k = 0; k < n; k++) finish_extent(jobs[k], idx[k]);
+static void settle(Ring *r, Job **jobs, Py_ssize_t *idx, int n) {
+    int64_t bytes[HARVEST * 2];
+    for (int k = 0; k < n; k++)
+        bytes[k] = jobs[k]->check ? ((const int64_t *)jobs[k]->plen.buf)[idx[k]] : 0;
+    Taken t = {jobs, idx};
+    helper_run(r->helper, finish_range, &t, bytes, n);
     for (int k = 0; k < n;) { /* one atomic add per run of one job's extents */
         int e = k + 1;
         while (e < n && jobs[e] == jobs[k]) e++;
@@ -328,7 +453,7 @@ static int reap_pass(Ring *r, long long timeout_ns) {
     fill(r, jobs + n, idx + n, &nf, HARVEST);
     int rc = flush_sq(r);
     pthread_mutex_unlock(&r->mu);
-    settle(jobs, idx, n + nf);
+    settle(r, jobs, idx, n + nf);
     return rc < 0 ? rc : n + nf;
 }
 
@@ -424,6 +549,7 @@ static int ring_init(Ring *self, PyObject *args, PyObject *kw) {
     self->cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
     self->sq_entries = p.sq_entries;
     self->cq_entries = p.cq_entries;
+    self->helper = helper_start();
     return 0;
 fail:
     PyErr_SetFromErrno(PyExc_OSError);
@@ -464,6 +590,8 @@ static void ring_dealloc(Ring *r) {
         ring_drain(r);
         ring_unmap(r);
     }
+    helper_stop(r->helper);
+    r->helper = NULL;
     if (r->slots != NULL) pthread_mutex_destroy(&r->mu);
     PyMem_Free(r->slots);
     PyMem_Free(r->acc);
@@ -588,7 +716,7 @@ static PyObject *ring_submit(Ring *r, PyObject *args, PyObject *kw) {
     fill(r, failed, fidx, &nf, HARVEST);
     rc = flush_sq(r);
     pthread_mutex_unlock(&r->mu);
-    settle(failed, fidx, nf);
+    settle(r, failed, fidx, nf);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         errno = -rc;
@@ -684,6 +812,8 @@ static PyObject *ring_take_stats(Ring *r, PyObject *unused) {
 static PyObject *ring_close(Ring *r, PyObject *unused) {
     (void)unused;
     ring_drain(r);
+    helper_stop(r->helper);
+    r->helper = NULL;
     ring_unmap(r);
     Py_RETURN_NONE;
 }
@@ -694,6 +824,11 @@ static PyObject *ring_queued(Ring *r, void *closure) {
     long long q = r->queued;
     pthread_mutex_unlock(&r->mu);
     return PyLong_FromLongLong(q);
+}
+
+static PyObject *ring_helped(Ring *r, void *closure) {
+    (void)closure;
+    return PyLong_FromLongLong(helper_helped(r->helper));
 }
 
 static PyObject *ring_completions(Ring *r, void *closure) {
@@ -730,6 +865,7 @@ static PyMethodDef ring_methods[] = {
 static PyGetSetDef ring_getset[] = {
     {"queued", (getter)ring_queued, NULL, "I/Os submitted and not yet completed", NULL},
     {"completions", (getter)ring_completions, NULL, "I/Os completed so far", NULL},
+    {"helped", (getter)ring_helped, NULL, "extents verified by the helper thread so far (0: none runs)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -767,6 +903,49 @@ PyDoc_STRVAR(pack_doc,
 "the payload's xxh3-64, which is also written to sums[i] (uint64, output); its last 8 bytes are the\n"
 "xxh32 of the first 56, and zeros.  at, ext_len, poff, plen, obj_len, part, parts and gen are int64\n"
 "arrays; everything is bounds-checked before any byte is written.");
+
+/* The module's helper for pack (started on the first pack that could use it). */
+static Helper *pack_helper = NULL;
+static int pack_helper_tried = 0;
+
+typedef struct {
+    char *mem;
+    const Scatter *src;
+    const char *digests;
+    const int64_t *at, *el, *po, *pl, *ol, *pt, *pts, *gen;
+    uint64_t *sums;
+} Packing;
+
+/* Lay extents [lo, hi) out: payload gathered, padding zeroed, header packed, checksums. */
+static void pack_range(void *ctx, int lo, int hi) {
+    const Packing *k = ctx;
+    for (int i = lo; i < hi; i++) {
+        char *p = k->mem + k->at[i];
+        const int64_t po = k->po[i], pl = k->pl[i];
+        gather_copy(k->src, i, p + po);
+        memset(p + HEADER_SIZE, 0, (size_t)(po - HEADER_SIZE));
+        memset(p + po + pl, 0, (size_t)(k->el[i] - po - pl));
+        uint64_t sum = hash_payload(p + po, (size_t)pl);
+        k->sums[i] = sum;
+        put32(p, MAGIC);
+        put16(p + 4, VERSION);
+        put16(p + 6, po > HEADER_SIZE ? FLAG_SECTOR_PAYLOAD : 0);
+        memcpy(p + 8, k->digests + 16 * i, 16);
+        put32(p + 24, (uint32_t)k->ol[i]);
+        put16(p + 28, (uint16_t)k->pt[i]);
+        put16(p + 30, (uint16_t)k->pts[i]);
+        put64(p + 32, (uint64_t)k->gen[i]);
+        put64(p + 40, sum);
+        memset(p + 48, 0, 8);
+        put32(p + 56, XXH32(p, HEADER_BODY, 0));
+        memset(p + 60, 0, 4);
+    }
+}
+
+static PyObject *pack_helped(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLongLong(helper_helped(pack_helper));
+}
 
 static PyObject *pack(PyObject *self, PyObject *args) {
     (void)self;
@@ -811,29 +990,13 @@ static PyObject *pack(PyObject *self, PyObject *args) {
         }
         if (scatter_hold_as(&src, i, b, pl[i], 0) < 0) goto done;
     }
-    uint64_t *sums = a[8].buf;
-    const char *digests = dg.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char *p = (char *)mem.buf + at[i];
-        gather_copy(&src, i, p + po[i]);
-        memset(p + HEADER_SIZE, 0, (size_t)(po[i] - HEADER_SIZE));
-        memset(p + po[i] + pl[i], 0, (size_t)(el[i] - po[i] - pl[i]));
-        uint64_t sum = hash_payload(p + po[i], (size_t)pl[i]);
-        sums[i] = sum;
-        put32(p, MAGIC);
-        put16(p + 4, VERSION);
-        put16(p + 6, po[i] > HEADER_SIZE ? FLAG_SECTOR_PAYLOAD : 0);
-        memcpy(p + 8, digests + 16 * i, 16);
-        put32(p + 24, (uint32_t)ol[i]);
-        put16(p + 28, (uint16_t)pt[i]);
-        put16(p + 30, (uint16_t)pts[i]);
-        put64(p + 32, (uint64_t)gen[i]);
-        put64(p + 40, sum);
-        memset(p + 48, 0, 8);
-        put32(p + 56, XXH32(p, HEADER_BODY, 0));
-        memset(p + 60, 0, 4);
+    if (pack_helper == NULL && !pack_helper_tried) { /* under the GIL: one start per process */
+        pack_helper_tried = 1;
+        pack_helper = helper_start();
     }
+    Packing pk = {mem.buf, &src, dg.buf, at, el, po, pl, ol, pt, pts, gen, a[8].buf};
+    Py_BEGIN_ALLOW_THREADS
+    helper_run(n > INT_MAX ? NULL : pack_helper, pack_range, &pk, pl, (int)n);
     Py_END_ALLOW_THREADS
     ret = Py_None;
     Py_INCREF(ret);
@@ -848,6 +1011,7 @@ done:
 
 static PyMethodDef module_methods[] = {
     {"pack", pack, METH_VARARGS, pack_doc},
+    {"pack_helped", pack_helped, METH_NOARGS, "extents packed by pack()'s helper thread so far (0: none runs)"},
     {NULL, NULL, 0, NULL},
 };
 
