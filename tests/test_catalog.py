@@ -189,3 +189,27 @@ def test_a_batch_of_new_objects_replays_like_its_puts_one_by_one(tmp_path):
     assert Catalog(str(tmp_path / "one")).entries == want
     assert Catalog(str(tmp_path / "batch")).entries == want
     assert os.path.getsize(tmp_path / "one" / JOURNAL) == os.path.getsize(tmp_path / "batch" / JOURNAL)
+
+
+def test_put_new_singles_records_columns_or_nothing(tmp_path):
+    """A batch of new, distinct one-extent objects is recorded from its columns (rows, journal,
+    index); a batch with a held or repeated digest records nothing, for put_many to handle."""
+    import numpy as np
+
+    from kvswarm.catalog import Extent
+
+    cat = Catalog(str(tmp_path))
+    cols = lambda n, base: (np.arange(n, dtype=np.int64) + base, np.full(n, 4000, np.int64),  # noqa: E731
+                            np.arange(n, dtype=np.int64) % 2, np.arange(n, dtype=np.int64) * 4096,
+                            np.full(n, 4096, np.int64), np.arange(n, dtype=np.uint64) + 7)
+    digests = [bytes([i]) * 16 for i in range(5)]
+    assert cat.put_new_singles(digests, *cols(5, 10))
+    assert not cat.put_new_singles([digests[0], b"z" * 16], *cols(2, 20))  # held already
+    assert not cat.put_new_singles([b"y" * 16, b"y" * 16], *cols(2, 30))  # twice in one batch
+    assert cat.get(b"z" * 16) is None and cat.get(b"y" * 16) is None
+    cat.sync()
+    cat.close()
+    again = Catalog(str(tmp_path))
+    for i, d in enumerate(digests):
+        assert again.get(d) == Entry(10 + i, 4000, (Extent(i % 2, i * 4096, 4096, 7 + i),))
+    again.close()

@@ -141,14 +141,14 @@ def _encode(op: int, digest: bytes, e: Entry | None, _rec=_REC.pack, _ext=_EXT.p
     return body + _crc(_h32(body))
 
 
-def _encode_puts(digests: list[bytes], entries: list[Entry], _h32=xxhash.xxh32_intdigest) -> bytes:
-    """``_encode(OP_PUT, d, e)`` for every pair, all of whose entries have one extent, at once."""
+def _encode_puts(digests: list[bytes], generation: object, payload_len: object, drive: object, offset: object,
+                 length: object, csum: object, _h32=xxhash.xxh32_intdigest) -> bytes:
+    """``_encode(OP_PUT, d, e)`` for one-extent objects given as columns (sequences or arrays), at once."""
     rec = np.zeros(len(digests), _PUT1_NP)
     rec["len"], rec["op"], rec["parts"] = _PUT1_NP.itemsize, OP_PUT, 1
     rec["digest"] = np.array(digests, "V16")
-    rec["generation"] = [e.generation for e in entries]
-    rec["payload_len"] = [e.payload_len for e in entries]
-    rec["drive"], rec["offset"], rec["length"], rec["csum"] = zip(*[e.extents[0] for e in entries])
+    rec["generation"], rec["payload_len"] = generation, payload_len
+    rec["drive"], rec["offset"], rec["length"], rec["csum"] = drive, offset, length, csum
     size, body = _PUT1_NP.itemsize, _PUT1_NP.itemsize - _CRC.size
     mv = memoryview(rec.view(np.uint8))
     rec["crc"] = [_h32(mv[o:o + body]) for o in range(0, len(digests) * size, size)]
@@ -749,16 +749,36 @@ class Catalog:
         return self._rows["digest"][row].tobytes()
 
     def _put_new(self, items: Sequence[tuple[bytes, Entry]]) -> bool:
-        """Record a batch of new, distinct one-extent objects (most batches) at once: rows, one block
-        of journal records, the index; False, doing nothing, for any other batch.  Under the lock."""
-        digests = [d for d, _ in items]
+        """Record a batch of new, distinct one-extent objects (most batches) at once; False, doing
+        nothing, for any other batch.  Under the lock."""
         entries = [e for _, e in items]
-        if (len(set(digests)) < len(digests) or any(map(self._index.__contains__, digests))
-                or any(len(e.extents) != 1 for e in entries)):
+        if any(len(e.extents) != 1 for e in entries):
+            return False
+        drive, offset, length, csum = zip(*[e.extents[0] for e in entries])
+        return self._put_new_columns([d for d, _ in items], [e.generation for e in entries],
+                                     [e.payload_len for e in entries], drive, offset, length, csum)
+
+    def put_new_singles(self, digests: list[bytes], generation: np.ndarray, payload_len: np.ndarray,
+                        drive: np.ndarray, offset: np.ndarray, length: np.ndarray, csum: np.ndarray) -> bool:
+        """Record one-extent objects given as columns (a put batch as the store lays it out), when
+        every digest is distinct and new to the catalog; False, recording nothing, otherwise (the
+        caller then records them through :meth:`put_many`)."""
+        if self.follow:
+            raise KVSwarmError("a following catalog is read-only: its writer records puts")
+        with self._lock:
+            return self._put_new_columns(digests, generation, payload_len, drive, offset, length, csum)
+
+    def _put_new_columns(self, digests: list[bytes], generation: object, payload_len: object, drive: object,
+                         offset: object, length: object, csum: object) -> bool:
+        """Rows, one block of journal records and the index for new, distinct one-extent objects;
+        False, doing nothing, when a digest repeats or is held already.  Under the lock."""
+        if len(set(digests)) < len(digests) or any(map(self._index.__contains__, digests)):
             return False
         rows = self._new_rows(len(digests))
-        self._append(_encode_puts(digests, entries), len(digests))
-        self._set(rows, digests, entries)
+        self._append(_encode_puts(digests, generation, payload_len, drive, offset, length, csum), len(digests))
+        self._set_columns(np.array(rows, np.int64), {
+            "digest": np.array(digests, "V16"), "generation": generation, "payload_len": payload_len,
+            "parts": 1, "drive": drive, "offset": offset, "length": length, "csum": csum}, {})
         self._index.update(zip(digests, rows))
         self._write_if_many()
         return True

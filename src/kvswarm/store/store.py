@@ -327,6 +327,33 @@ def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
     return direct
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Singles(Sequence):
+    """A staged put batch of one-extent objects as columns (what the native path lays out), recorded
+    in the catalog as columns; as a sequence, its ``(digest, Entry, 1)`` items, made on demand for
+    the paths that handle objects one by one (a failed write, a digest written before)."""
+
+    digests: list[bytes]
+    generation: np.ndarray
+    payload_len: np.ndarray
+    drive: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    csum: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.digests)
+
+    def __getitem__(self, i: int) -> tuple[bytes, Entry, int]:  # type: ignore[override]
+        return self.digests[i], Entry(int(self.generation[i]), int(self.payload_len[i]), (Extent(
+            int(self.drive[i]), int(self.offset[i]), int(self.length[i]), int(self.csum[i])),)), 1
+
+    def __iter__(self) -> Iterator[tuple[bytes, Entry, int]]:
+        cols = (self.generation, self.payload_len, self.drive, self.offset, self.length, self.csum)
+        for digest, gen, n, drv, off, ln, cs in zip(self.digests, *(c.tolist() for c in cols)):
+            yield digest, Entry(gen, n, (Extent(drv, off, ln, cs),)), 1
+
+
 class PutHandle(_Handle):
     """A batched write in flight, on the Python engine (``batch`` a Batch) or the native ring (a
     NativeBatch); ``wait()`` records what was written in the catalog."""
@@ -779,9 +806,10 @@ class KVStore:
         return staged, reqs
 
     def _stage_native(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
-                      srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], tuple]:
+                      srcs: list[Bufs], lease: Lease) -> tuple[Sequence[tuple[bytes, Entry, int]], tuple]:
         """The extents' layout (payload gathered, header packed, checksums) in kvswarm.io._batchio, one
-        call per batch; the staged objects and the native write batch's columns."""
+        call per batch; the staged objects (as columns when each has one extent) and the native write
+        batch's columns."""
         drive, offset, ext_len, plen = np.array(cols, np.int64).reshape(-1, 4).T.copy()  # rows contiguous
         at = lease.offset + np.cumsum(ext_len) - ext_len
         nparts = np.array([p for *_, p in objs], np.int64)
@@ -790,14 +818,13 @@ class KVStore:
         def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
             return np.repeat(np.array(values, dtype), nparts)
 
+        obj_len, gen = per_extent([n for _, _, n, _ in objs], np.int64), per_extent([g for _, g, _, _ in objs], np.int64)
         sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
-                              plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(),
-                              per_extent([n for _, _, n, _ in objs], np.int64), part, np.repeat(nparts, nparts),
-                              per_extent([g for _, g, _, _ in objs], np.int64))
-        csums = sums.tolist()
+                              plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(), obj_len, part,
+                              np.repeat(nparts, nparts), gen)
         if len(cols) == len(objs):  # one extent per object
-            return [(digest, Entry(gen, n, (Extent(drv, off, ln, cs),)), 1)
-                    for (digest, gen, n, _), (drv, off, ln, _), cs in zip(objs, cols, csums)], (drive, offset, ext_len, at)
+            return _Singles([d for d, *_ in objs], gen, obj_len, drive, offset, ext_len, sums), (drive, offset, ext_len, at)
+        csums = sums.tolist()
         staged: list[tuple[bytes, Entry, int]] = []
         k = 0
         for digest, gen, n, parts in objs:
@@ -838,6 +865,13 @@ class KVStore:
                                         Lease]) -> list[bool]:
         items, io, lease = staged
         try:
+            if isinstance(items, _Singles) and self._all_landed(io) and self.catalog.put_new_singles(
+                    items.digests, items.generation, items.payload_len, items.drive, items.offset, items.length,
+                    items.csum):  # most batches: new one-extent objects, recorded as columns
+                self.counters["puts"] += len(items)
+                with self._lock:
+                    self._written.update(np.unique(items.drive).tolist())
+                return [True] * len(items)
             done, out = self._landed(items, io)
             for old in self.catalog.put_many(done):  # may raise (a journal write failed): the lease still goes
                 if old is not None:
@@ -854,8 +888,8 @@ class KVStore:
         """The objects of a finished put batch whose every extent landed on a drive still in service,
         and per object whether it did; the others' extents go back (a full or failed drive noted)."""
         if isinstance(io, native_io.NativeBatch):
-            if (io.res == io.length).all() and all(self.drives[d].healthy for d in np.unique(io.drive).tolist()):
-                return [(digest, entry) for digest, entry, _ in items], [True] * len(items)  # most batches
+            if self._all_landed(io):  # most batches
+                return [(digest, entry) for digest, entry, _ in items], [True] * len(items)
             drives, offsets = io.drive.tolist(), io.offset.tolist()
             lengths, results = io.length.tolist(), io.res.tolist()
         else:
@@ -886,6 +920,11 @@ class KVStore:
                 self.counters["put_failures"] += 1
             out.append(ok)
         return done, out
+
+    def _all_landed(self, io: list[IORequest] | native_io.NativeBatch) -> bool:
+        """A native batch whose every write landed whole on a drive still in service."""
+        return (isinstance(io, native_io.NativeBatch) and bool((io.res == io.length).all())
+                and all(self.drives[d].healthy for d in np.unique(io.drive).tolist()))
 
     def _free(self, e: Entry) -> None:
         for drv, off, ln, _ in e.extents:
