@@ -351,11 +351,13 @@ static Helper *helper_start(void) {
 
 static void helper_stop(Helper *h) {
     if (h == NULL || h->pid != getpid()) return; /* a forked child: the thread is its parent's */
+    pthread_mutex_lock(&h->use); /* after the work a caller handed it */
     pthread_mutex_lock(&h->mu);
     h->state = 3;
     pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
     pthread_join(h->th, NULL);
+    pthread_mutex_unlock(&h->use);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     pthread_mutex_destroy(&h->use);
