@@ -368,12 +368,13 @@ def drained(tier, timeout: float = 10.0) -> bool:
 
 
 def test_a_failing_catalog_write_fails_its_store_job_not_the_tier(drives, primary, monkeypatch):
-    """The journal's disk full (ENOSPC): that store job fails, and the driver thread goes on."""
+    """The journal's disk full (ENOSPC) as the catalog records a batch of new blocks (one call,
+    ``put_new_singles``): that store job fails, and the driver thread goes on."""
     keys = keys_for(8)
     fill(primary, range(8))
     tier = open_tier(drives, primary)
     run = JobRunner(tier)
-    calls = fail_once(monkeypatch, tier.store.catalog, "put_many", OSError(errno.ENOSPC, "No space left on device"))
+    calls = fail_once(monkeypatch, tier.store.catalog, "put_new_singles", OSError(errno.ENOSPC, "No space left on device"))
     res = run_within(run, keys[:4], range(4), load=False)
     assert calls[0] == 1 and not res.success
     assert run_within(run, keys[4:], range(4, 8), load=False).success
