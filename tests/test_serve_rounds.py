@@ -16,7 +16,7 @@ def phase(ttfts: list[float], rid0: int) -> dict:
 def run(first: list[float], second: list[float], read: int, load: tuple[float, float]) -> dict:
     return {"config": "no_offload", "restart": False, "drives": 1, "phases": [phase(first, 0), phase(second, 100)],
             "per_drive": [{"read_bytes": read, "written_bytes": 2 * read}], "load_avg": [(load[0],), (load[1],)],
-            "engine_start_s": [1.0], "prefill_tokens_per_s": 200.0}
+            "engine_start_s": [1.0], "region_ready_s": [0.0], "prefill_tokens_per_s": 200.0}
 
 
 def test_rounds_pool_into_one_run_and_the_second_halves_pool_in_the_summary():

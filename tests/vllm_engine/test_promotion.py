@@ -99,6 +99,36 @@ def test_a_chunk_on_the_drives_is_a_verified_hit_within_its_lookup(drives):
         m.shutdown()
 
 
+def test_the_first_lookup_promotes_the_requests_following_chunks_as_one_job(drives):
+    """With the request's chunk keys recorded (as vLLM's scheduler does), the lookup that finds the first
+    one in the tier promotes it and the following ones the tier holds, up to the first it lacks, in one
+    load job; the scheduler's lookups of those then hit the primary tier, pinned until the step ends."""
+    keys = keys_for(6)
+    m = manager([kvswarm_tier(drives)])
+    tier = m.secondary_tiers[0]
+    try:
+        data = store(m, keys[:2], seed=1) + store(m, keys[3:], seed=2)  # keys[2] is not stored
+        submitted = []
+        submit = tier.submit_load
+        tier.submit_load = lambda job: (submitted.append(list(job.keys)), submit(job))
+        ctx = ReqContext(req_id="reader")
+        for i, k in enumerate(keys):
+            ctx.set_offload_key_position(k, (i + 1) * LAYOUT.tokens_per_block)
+        m.on_new_request(ctx)
+        assert [m.lookup(k, ctx) for k in keys[:3]] == [LookupResult.HIT] * 2 + [LookupResult.MISS]
+        assert submitted == [keys[:2]] and m.inline_promotions == 2
+        assert all(np.array_equal(a, b) for a, b in zip(read_back(m, keys[:2], ctx), data[:2]))
+        m.on_schedule_end(END)
+        # A request whose prefix resumes after the gap: its first lookup brings the remaining three.
+        assert [m.lookup(k, ctx) for k in keys[3:]] == [LookupResult.HIT] * 3
+        assert submitted[1:] == [keys[3:]] and m.inline_promotions == 5
+        assert all(np.array_equal(a, b) for a, b in zip(read_back(m, keys[3:], ctx), data[2:]))
+        m.on_schedule_end(END)
+        m.on_request_finished(ctx)
+    finally:
+        m.shutdown()
+
+
 def test_a_hit_stays_in_the_primary_tier_until_the_step_ends(drives):
     """A two-chunk primary tier: the third block's promotion finds no chunk to evict (the first two are
     HITs this step, held for their load), so it is a MISS and the two HITs load intact; next step the

@@ -268,6 +268,7 @@ def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, de
     out = {"config": cfg.name, "restart": cfg.restart, "drives": cfg.drives, "per_drive": per_drive,
            "load_avg": [load0, os.getloadavg()],
            "engine_start_s": [p["engine_start_s"] for p in parts],
+           "region_ready_s": [p["region_ready_s"] for p in parts],
            "prefill_tokens_per_s": parts[0]["prefill_tokens_per_s"], "phases": phase_runs}
     m = metrics([r for p in phase_runs for r in p["requests"]], sum(p["replay_s"] for p in phase_runs))
     console.print(f"  TTFT p50 {m['ttft_p50_s']:.2f} p90 {m['ttft_p90_s']:.2f} p99 {m['ttft_p99_s']:.2f} s, "
@@ -286,6 +287,7 @@ def pool_rounds(runs: list[dict]) -> dict:
                         for i in range(len(runs[0]["per_drive"]))]
     out["load_avg"] = [runs[0]["load_avg"][0], runs[-1]["load_avg"][1]]
     out["engine_start_s"] = [t for r in runs for t in r["engine_start_s"]]
+    out["region_ready_s"] = [t for r in runs for t in r["region_ready_s"]]
     out["prefill_tokens_per_s"] = [r["prefill_tokens_per_s"] for r in runs]
     return out
 

@@ -865,14 +865,15 @@ class KVStore:
                                         Lease]) -> list[bool]:
         items, io, lease = staged
         try:
-            if isinstance(items, _Singles) and self._all_landed(io) and self.catalog.put_new_singles(
+            landed = self._all_landed(io)
+            if isinstance(items, _Singles) and landed and self.catalog.put_new_singles(
                     items.digests, items.generation, items.payload_len, items.drive, items.offset, items.length,
                     items.csum):  # most batches: new one-extent objects, recorded as columns
                 self.counters["puts"] += len(items)
                 with self._lock:
                     self._written.update(np.unique(items.drive).tolist())
                 return [True] * len(items)
-            done, out = self._landed(items, io)
+            done, out = self._landed(items, io, landed)
             for old in self.catalog.put_many(done):  # may raise (a journal write failed): the lease still goes
                 if old is not None:
                     self._free_after_flush(old)
@@ -883,12 +884,13 @@ class KVStore:
             lease.release()
         return out
 
-    def _landed(self, items: list[tuple[bytes, Entry, int]], io: list[IORequest] | native_io.NativeBatch
-                ) -> tuple[list[tuple[bytes, Entry]], list[bool]]:
+    def _landed(self, items: list[tuple[bytes, Entry, int]], io: list[IORequest] | native_io.NativeBatch,
+                all_landed: bool) -> tuple[list[tuple[bytes, Entry]], list[bool]]:
         """The objects of a finished put batch whose every extent landed on a drive still in service,
-        and per object whether it did; the others' extents go back (a full or failed drive noted)."""
+        and per object whether it did; the others' extents go back (a full or failed drive noted).
+        ``all_landed``: ``_all_landed(io)``, which the caller has asked already."""
         if isinstance(io, native_io.NativeBatch):
-            if self._all_landed(io):  # most batches
+            if all_landed:  # most batches
                 return [(digest, entry) for digest, entry, _ in items], [True] * len(items)
             drives, offsets = io.drive.tolist(), io.offset.tolist()
             lengths, results = io.length.tolist(), io.res.tolist()

@@ -10,12 +10,15 @@ This manager submits such a promotion at once and, for a tier that can bound its
 (:class:`InlineLoads`: the kvswarm tier, whose read of a chunk takes milliseconds), waits up to the
 tier's ``inline_wait_s`` for it within the lookup.  Finished and verified, the chunk is a HIT there
 and then, so the request is scheduled one step earlier; a chunk that fails its read is a MISS
-(recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  Promoting within a
+(recomputed); a promotion still running at the bound stays HIT_PENDING, vLLM's way.  The lookup that
+finds a request's first chunk in the tier also promotes the request's following chunks the tier holds,
+as one job read from all drives at once and waited for once (the scheduler's lookups of them then hit
+the primary tier).  Promoting within a
 lookup allocates primary chunks in the middle of the scheduler's pass, where it may evict a chunk an
 earlier lookup answered HIT and no load has pinned yet, so every HIT is held in the primary tier until
 the step ends (its request's load pins it meanwhile; a request left waiting looks it up again).
 
-The wait holds the scheduler, and so the engine, for the read of each chunk found in the tier: a step
+The wait holds the scheduler, and so the engine, for the read of the chunks found in the tier: a step
 sooner for the request, engine time for every other one (a saturated engine on one capped drive lost
 more than it gained: docs/serve.md).  The tier's load policy (``deadline``) declines chunks whose load
 would take longer than recomputing them.  Tiers without ``wait_loads`` (vLLM's fs tier) are promoted
@@ -95,11 +98,44 @@ class InlinePromotionManager(TieringOffloadingManager):
         tier = self._inline.get(tier_idx)
         if tier is None:
             return True
-        self._flush_pending_promotions()  # this step's queued promotions, this one among them, submitted now
+        following = self._promote_following(tier_idx, tier, key, req_context)
+        self._flush_pending_promotions()  # this step's queued promotions, these among them: one job per request
         if not tier.wait_loads(tier.inline_wait_s):
             self.inline_timeouts += 1
             return True  # still loading: HIT_PENDING, completed at a later step as vLLM does
-        self._process_finished_jobs()  # the primary tier takes the promoted chunk (or drops a failed one)
+        self._process_finished_jobs()  # the primary tier takes the promoted chunks (or drops failed ones)
         self._settled = key
         self.inline_promotions += 1
+        for k in following:
+            # Held like a HIT until the step ends: the scheduler's lookup of it comes later in this pass,
+            # after other promotions that could evict it meanwhile.  A failed read was dropped: a MISS then.
+            if self.primary_tier.lookup(k, req_context) is LookupResult.HIT:
+                self.primary_tier.prepare_read([k], req_context)
+                self._pins.append((k, req_context))
+                self.inline_promotions += 1
         return True
+
+    def _promote_following(self, tier_idx: int, tier: SecondaryTierManager, key: OffloadKey,
+                           req_context: ReqContext) -> list[OffloadKey]:
+        """Queue the promotions of the request's chunks after ``key`` that ``tier`` holds, up to the first
+        it lacks (the scheduler stops its prefix there) or the first the primary tier has no room for.
+
+        The scheduler looks a request's chunks up one by one; promoted one per lookup, each would be
+        its own job and its own wait, the drives reading one chunk at a time.  Queued together they are
+        one job (vLLM's flush makes one per tier and request), read from all drives at once, waited for
+        once.  vLLM records the request's chunk keys, in prompt order, only in
+        ``ReqContext._offload_key_positions``; without it a chunk is promoted alone."""
+        keys = list(getattr(req_context, "_offload_key_positions", ()))
+        try:
+            after = keys[keys.index(key) + 1:]
+        except ValueError:
+            return []
+        queued = []
+        for k in after:
+            if self.primary_tier.lookup(k, req_context) is not LookupResult.MISS:
+                continue  # in the primary tier already, or on its way
+            if (tier.lookup(k, req_context) is not LookupResult.HIT
+                    or not super()._initiate_promotion(tier_idx, k, req_context)):
+                break
+            queued.append(k)
+        return queued
