@@ -1,9 +1,12 @@
 """The Mooncake trace scaled for `kvswarm bench serve`: same block id, same tokens; conversations
-kept whole; arrivals compressed; prompts and outputs capped."""
+kept whole; arrivals compressed (to an offered load); prompts and outputs capped."""
 
 from __future__ import annotations
 
-from kvswarm.bench.serve_trace import TRACE, Scaling, build_requests, load_records, reuse, select
+from dataclasses import replace
+
+from kvswarm.bench.serve_trace import (TRACE, Scaling, build_requests, compression_for_load, load_records, reuse,
+                                      select)
 
 S = Scaling(window_s=300, conversation_sample=30, time_compression=3, block_tokens=8, max_blocks=6, max_output=4)
 
@@ -35,3 +38,14 @@ def test_conversations_are_kept_whole_and_arrivals_compressed():
     span = (kept[-1]["timestamp"] - kept[0]["timestamp"]) / 1000
     assert reqs[0].arrival_s == 0 and abs(reqs[-1].arrival_s - span / S.time_compression) < 1e-9
     assert len(reqs) == len(kept) and "1 in 30 conversations" in S.describe()
+
+
+def test_the_compression_for_a_load_offers_that_share_of_the_prefill_rate():
+    records = load_records(TRACE)
+    pool = list(range(10_000))
+    at_pace = build_requests(records, replace(S, time_compression=1), pool)
+    c = compression_for_load(at_pace, 0.8, 500.0)
+    reqs = build_requests(records, replace(S, time_compression=c), pool)
+    offered = sum(len(r.prompt) for r in reqs) / reqs[-1].arrival_s
+    assert abs(offered - 0.8 * 500.0) < 1e-6
+    assert compression_for_load(at_pace[:1], 0.8, 500.0) == 1.0  # one arrival: nothing to compress

@@ -24,9 +24,14 @@ page cache is dropped, and a new engine process serves the second half (the dura
 blocks; the fs tier's files are found again by cold file probes).  Arrival times restart from zero in
 the second half, so the engine's start is not counted in any TTFT.
 
+Before the configurations an engine without offload times its prefill rate on a warm-up prompt; the
+arrivals are compressed so that the requests' prompt tokens arrive at ``--load`` times that rate (1.0
+by default: an engine without any cache would be just saturated), so the load is the same relative to
+the engine whatever the machine's speed (``--compression`` fixes the factor instead).
+
 kvswarm's tier runs with the ``deadline`` load policy (a block that cannot arrive before recomputing
-it would finish is recomputed: :mod:`kvswarm.integrations.vllm.load_policy`), its prefill rate taken
-from the no-offload engine's warm-up; how often it recomputes is reported.  Greedy outputs of every
+it would finish is recomputed: :mod:`kvswarm.integrations.vllm.load_policy`), its recompute rate the
+measured prefill rate; how often it recomputes is reported.  Greedy outputs of every
 configuration are compared with the no-offload run's (``wrong_outputs``).
 """
 
@@ -41,22 +46,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvswarm.argtypes import positive_int
+from kvswarm.argtypes import positive_float, positive_int
 from kvswarm.bench import write_summary
 from kvswarm.bench.engine_host import drop_caches, finish, reexec_in_engine_venv, standalone_main
-from kvswarm.bench.serve_trace import TRACE, Scaling, build_requests, load_records, reuse, text_pool
+from kvswarm.bench.serve_trace import (TRACE, Request, Scaling, build_requests, compression_for_load, load_records,
+                                      reuse, text_pool)
 
 MiB = 1 << 20
 SCALES = {
-    "smoke": Scaling(window_s=300, conversation_sample=50, time_compression=10, block_tokens=32, max_blocks=4,
+    # At the trace's own pace: the run compresses arrivals to the offered load (--load) or by --compression.
+    "smoke": Scaling(window_s=300, conversation_sample=50, time_compression=1, block_tokens=32, max_blocks=4,
                      max_output=2),
-    "quick": Scaling(window_s=600, conversation_sample=30, time_compression=10, block_tokens=32, max_blocks=8,
+    "quick": Scaling(window_s=600, conversation_sample=30, time_compression=1, block_tokens=32, max_blocks=8,
                      max_output=4),
-    "full": Scaling(window_s=1200, conversation_sample=30, time_compression=10, block_tokens=32, max_blocks=8,
+    "full": Scaling(window_s=1200, conversation_sample=30, time_compression=1, block_tokens=32, max_blocks=8,
                     max_output=8),
 }
 ENGINE = {"block_size": 32, "dtype": "float32", "max_num_seqs": 4}
@@ -92,6 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restarts", choices=["both", "only", "none"], default=None,
                    help="run the tiers' configurations without and with a restart (both; default), or one of them "
                         "(--smoke: only)")
+    pace = p.add_mutually_exclusive_group()
+    pace.add_argument("--load", type=positive_float, default=1.0, metavar="RHO",
+                      help="offered load: arrivals compressed so that the prompt tokens arrive at RHO times the "
+                           "engine's prefill rate, measured before the configurations (default 1.0)")
+    pace.add_argument("--compression", type=positive_float, default=None, metavar="C",
+                      help="compress the trace's arrival times by C instead, whatever the engine's speed")
     p.add_argument("--load-policy", default="deadline", choices=["deadline", "always"],
                    help="kvswarm tier's load policy")
     p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
@@ -142,60 +155,78 @@ def run(args: argparse.Namespace) -> int:
     scale = SCALES[scale_of(args)]
     model = str(default_model_dir())
     tok = AutoTokenizer.from_pretrained(model)
-    requests = build_requests(load_records(args.trace), scale, text_pool(tok, 100_000))
+    records, pool = load_records(args.trace), text_pool(tok, 100_000)
+    requests = build_requests(records, scale, pool)  # at the trace's pace
     warm = [list(make_document(tok, 256, seed=s, source="pydoc").prompt_ids) for s in (7, 8)]
-    half = len(requests) // 2
-    phases = [requests[:half], requests[half:]]
-    t_half = phases[1][0].arrival_s
-    job_phases = [[{"rid": r.rid, "arrival_s": r.arrival_s - (t_half if p else 0.0), "prompt": list(r.prompt),
-                    "max_tokens": r.max_tokens} for r in ph] for p, ph in enumerate(phases)]
     max_len = scale.max_blocks * scale.block_tokens + scale.max_output + ENGINE["block_size"]
     kv_bytes_per_token = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, K and V, 3 KV heads of 64, fp32
     engine = {**ENGINE, "max_model_len": max(max_len, 256 + 8), "kv_cache_bytes": KV_TOKENS * kv_bytes_per_token}
-    caps = default_caps(4)
-    tokens = sum(len(r.prompt) for r in requests)
-    drive_bytes = max(256 * MiB, int(2.5 * tokens * kv_bytes_per_token) // 4096 * 4096)
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "scale": scale_of(args),
-                     "scaling": scale.as_dict(), "scaling_text": scale.describe(), "engine": engine,
-                     "cpu_tier_bytes": CPU_TIER_TOKENS * kv_bytes_per_token, "requests": len(requests),
-                     "prompt_tokens": tokens, "trace_reuse": reuse(requests), "load_policy": args.load_policy,
-                     "inline_wait_s": args.inline_wait, "drive_bytes": drive_bytes, "second_half_at_s": t_half, "runs": {}}
-    console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
-                  f"{tokens} prompt tokens, block reuse {results['trace_reuse']:.2f}; engine {engine}")
-    results["load_avg_start"] = os.getloadavg()
-    results["rounds"] = args.rounds
+    job = {"model": model, "engine": engine, "warmup_prompts": warm}
     root = tempfile.mkdtemp(prefix="kvswarm-bench-serve-", dir=args.dir or "/var/tmp")
-    prefill_tps = None
-    configs = configs_of(args)
-    per_round: dict[str, list[dict]] = {c.label: [] for c in configs}
-    options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
     try:
+        prefill_tps = calibrate(job, root)
+        compression = args.compression or compression_for_load(requests, args.load, prefill_tps)
+        scale = replace(scale, time_compression=round(compression, 3))
+        requests = build_requests(records, scale, pool)
+        offered = sum(len(r.prompt) for r in requests) / max(requests[-1].arrival_s, 1e-9) / prefill_tps
+        half = len(requests) // 2
+        phases = [requests[:half], requests[half:]]
+        t_half = phases[1][0].arrival_s
+        job_phases = [[{"rid": r.rid, "arrival_s": r.arrival_s - (t_half if p else 0.0), "prompt": list(r.prompt),
+                        "max_tokens": r.max_tokens} for r in ph] for p, ph in enumerate(phases)]
+        caps = default_caps(4)
+        tokens = sum(len(r.prompt) for r in requests)
+        drive_bytes = max(256 * MiB, int(2.5 * tokens * kv_bytes_per_token) // 4096 * 4096)
+        results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "scale": scale_of(args),
+                         "scaling": scale.as_dict(), "scaling_text": scale.describe(), "engine": engine,
+                         "cpu_tier_bytes": CPU_TIER_TOKENS * kv_bytes_per_token, "requests": len(requests),
+                         "prompt_tokens": tokens, "trace_reuse": reuse(requests), "load_policy": args.load_policy,
+                         "inline_wait_s": args.inline_wait, "drive_bytes": drive_bytes, "second_half_at_s": t_half,
+                         "recompute_tokens_per_s": prefill_tps, "offered_load": offered, "runs": {}}
+        console.print(f"[bold]{scale.describe()}[/bold]: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, "
+                      f"{tokens} prompt tokens ({offered:.2f} of the engine's measured {prefill_tps:.0f} prefill "
+                      f"tokens/s), block reuse {results['trace_reuse']:.2f}; engine {engine}")
+        results["load_avg_start"] = os.getloadavg()
+        results["rounds"] = args.rounds
+        configs = configs_of(args)
+        per_round: dict[str, list[dict]] = {c.label: [] for c in configs}
+        options = {"load_policy": args.load_policy, "inline_wait_s": args.inline_wait}
         for rnd in range(args.rounds):
-            for cfg in configs if rnd % 2 == 0 else configs[::-1]:  # no_offload first: its warm-up times prefill
+            for cfg in configs if rnd % 2 == 0 else configs[::-1]:
                 console.print(f"[bold]{cfg.label}[/bold]" + (f" (round {rnd + 1})" if args.rounds > 1 else ""))
-                job = {"model": model, "engine": engine, "warmup_prompts": warm}
                 r = run_config(cfg, job, job_phases, results, root, caps, drive_bytes, prefill_tps, options, console)
-                if prefill_tps is None and cfg.name == "no_offload":
-                    prefill_tps = r["prefill_tokens_per_s"]
-                    results["recompute_tokens_per_s"] = prefill_tps
                 per_round[cfg.label].append(r)
+        results["runs"] = {label: pool_rounds(runs) for label, runs in per_round.items()}
+        results["load_avg_end"] = os.getloadavg()
+        rc = finish(results, summarize, report, console, args.json, plot)
+        if args.summary:
+            write_summary(args.summary, command(args), settings(results), results["summary"])
+            console.print(f"wrote {args.summary}")
+        return rc
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    results["runs"] = {label: pool_rounds(runs) for label, runs in per_round.items()}
-    results["load_avg_end"] = os.getloadavg()
-    rc = finish(results, summarize, report, console, args.json, plot)
-    if args.summary:
-        flag = "" if scale_of(args) == "full" else f" --{scale_of(args)}"
-        write_summary(args.summary, "kvswarm bench serve" + flag, settings(results), results["summary"])
-        console.print(f"wrote {args.summary}")
-    return rc
+
+
+def calibrate(job: dict, root: str) -> float:
+    """The engine's prefill rate (tokens/s), timed by its warm-up alone in an engine without offload: it
+    paces the arrivals (``--load``) and is the recompute rate of kvswarm's deadline policy."""
+    work = tempfile.mkdtemp(prefix="calibrate-", dir=root)
+    return _child(dict(job, connector=None, phases=[]), work, "calibrate")["prefill_tokens_per_s"]
+
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that makes this run's workload again (its scale, rounds and pace)."""
+    words = ["kvswarm bench serve"] + ([] if scale_of(args) == "full" else [f"--{scale_of(args)}"])
+    words += [f"--rounds {args.rounds}"] if args.rounds > 1 else []
+    words += [f"--compression {args.compression:g}"] if args.compression else [f"--load {args.load:g}"]
+    return " ".join(words)
 
 
 def settings(r: dict) -> dict:
     return {k: r[k] for k in ("scale", "scaling", "scaling_text", "engine", "cpu_tier_bytes", "requests",
                               "prompt_tokens", "trace_reuse", "load_policy", "inline_wait_s", "rounds", "drive_bytes",
-                              "recompute_tokens_per_s", "second_half_at_s", "testbed", "how_run", "load_avg_start",
-                              "load_avg_end")
+                              "recompute_tokens_per_s", "offered_load", "second_half_at_s", "testbed", "how_run",
+                              "load_avg_start", "load_avg_end")
             if k in r} | {"cpus": os.cpu_count()}
 
 

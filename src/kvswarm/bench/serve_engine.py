@@ -11,8 +11,9 @@ time from a request's arrival to the step that returns its first token.
 
 Before the replay two warm-up requests (text outside the trace) run alone: the first warms the engine
 up, the second times its prefill rate; then kvswarm's tier backs vLLM's CPU region with 2 MiB pages
-(which it does at its first load otherwise, beside the engine: ``KVSwarmTierManager.start_huge_pages``).  After the replay, 1-token filler requests drive the engine until the offloading
-tiers have no pending work (stores reach the tiers a few steps after a request ends), so an engine
+(it does so at its first load otherwise, beside the engine: ``KVSwarmTierManager.start_huge_pages``).
+After the replay, 1-token filler requests drive the engine until the offloading tiers have no pending
+work (stores reach the tiers a few steps after a request ends), so an engine
 stopped there has handed every block to its tiers.
 """
 
@@ -192,7 +193,7 @@ def main(argv: list[str]) -> int:
         warm_s = time.perf_counter() - tw
     t_region = time.perf_counter()
     for tier in manager.secondary_tiers if manager is not None else ():
-        if hasattr(tier, "start_huge_pages"):  # kvswarm's: its primary region in 2 MiB pages before, not during, the replay
+        if hasattr(tier, "start_huge_pages"):  # kvswarm's: the region in 2 MiB pages before, not during, the replay
             tier.start_huge_pages()
             tier.region_ready.wait(120)
     region_s = time.perf_counter() - t_region
@@ -209,8 +210,8 @@ def main(argv: list[str]) -> int:
                        "cache": {k: v - before[k] for k, v in CacheStats.totals.items()},
                        "tiers": [{k: (v - b[k] if isinstance(v, int) else v) for k, v in a.items()}
                                  for a, b in zip(tier_stats(manager, counters), tiers_before)]})
-    result = {"engine_start_s": start_s, "region_ready_s": region_s, "warmup_prompt_tokens": len(warm), "warmup_s": warm_s,
-              "prefill_tokens_per_s": len(warm) / warm_s, "phases": phases}
+    result = {"engine_start_s": start_s, "region_ready_s": region_s, "warmup_prompt_tokens": len(warm),
+              "warmup_s": warm_s, "prefill_tokens_per_s": len(warm) / warm_s, "phases": phases}
     engine.engine_core.shutdown()
     with open(out_path + ".tmp", "w") as f:
         json.dump(result, f)

@@ -6,7 +6,8 @@ Scaling (every factor is stated in the benchmark's output):
 - conversations: one in ``conversation_sample``, kept whole (a conversation is the requests that share
   the block after the shared system-prompt block 0, as the trace's hash ids are prefix-chained), so every
   kept conversation's turns and their reuse stay as in the trace while the load thins;
-- arrivals: trace times divided by ``time_compression``;
+- arrivals: trace times divided by ``time_compression`` (the benchmark derives it from the engine's
+  measured prefill rate and the offered load it is asked for: :func:`compression_for_load`);
 - blocks: each 512-token block id becomes a fixed chunk of ``block_tokens`` tokens of real text (the
   same id, the same tokens: shared prefixes in the trace are shared prefixes here), at most ``max_blocks``
   per request (the prefix: later blocks are dropped);
@@ -97,6 +98,16 @@ def build_requests(records: list[dict], s: Scaling, pool: list[int]) -> list[Req
         out.append(Request(f"r{n:04d}", (r["timestamp"] - t0) / 1000 / s.time_compression, tuple(prompt),
                            max(1, min(s.max_output, int(r["output_length"]))), ids))
     return out
+
+
+def compression_for_load(requests: list[Request], load: float, prefill_tokens_per_s: float) -> float:
+    """The arrival compression at which ``requests`` (built at the trace's own pace, compression 1)
+    offer their prompt tokens at ``load`` times the engine's prefill rate."""
+    span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
+    tokens = sum(len(r.prompt) for r in requests)
+    if span <= 0 or tokens == 0:
+        return 1.0  # nothing to spread: one arrival time
+    return load * prefill_tokens_per_s * span / tokens
 
 
 def reuse(requests: list[Request]) -> float:
