@@ -16,7 +16,7 @@ def phase(ttfts: list[float], rid0: int) -> dict:
 def run(first: list[float], second: list[float], read: int, load: tuple[float, float]) -> dict:
     return {"config": "no_offload", "restart": False, "drives": 1, "phases": [phase(first, 0), phase(second, 100)],
             "per_drive": [{"read_bytes": read, "written_bytes": 2 * read}], "load_avg": [(load[0],), (load[1],)],
-            "engine_start_s": [1.0], "region_ready_s": [0.0], "prefill_tokens_per_s": 200.0}
+            "engine_start_s": [1.0], "buffers_ready_s": [0.5], "region_ready_s": [0.0], "prefill_tokens_per_s": 200.0}
 
 
 def test_rounds_pool_into_one_run_and_the_second_halves_pool_in_the_summary():
@@ -25,6 +25,7 @@ def test_rounds_pool_into_one_run_and_the_second_halves_pool_in_the_summary():
     assert pooled["per_drive"] == [{"read_bytes": 30, "written_bytes": 60}]
     assert pooled["load_avg"] == [(0.5,), (2.0,)]
     assert pooled["prefill_tokens_per_s"] == [200.0, 200.0]
+    assert pooled["buffers_ready_s"] == [0.5, 0.5]
     s = summarize({"engine": {"block_size": 32}, "runs": {"no_offload": pooled}})
     m = s["no_offload"]
     assert m["requests"] == 6 and s["wrong_outputs"] == 0

@@ -176,6 +176,33 @@ def test_a_corrupt_chunk_is_a_miss_within_its_lookup(drives):
         m.shutdown()
 
 
+def test_a_lookup_does_not_wait_for_loads_that_would_outlast_its_bound(drives):
+    """Once a load has been timed, a promotion whose bytes would take longer than ``inline_wait_s`` at
+    the measured rate is not waited for (here 1 us, below any read): HIT_PENDING at once, completed at
+    a later step as vLLM does, bytes intact."""
+    keys = keys_for(2)
+    m = manager([kvswarm_tier(drives, inline_wait_s=1e-6)])
+    tier = m.secondary_tiers[0]
+    try:
+        data = store(m, keys)
+        ctx = ReqContext(req_id="reader")
+        m.on_new_request(ctx)
+        got = []
+        for k in keys:
+            assert m.lookup(k, ctx) is LookupResult.HIT_PENDING
+            tier.drain_jobs()
+            m.on_schedule_end(END)  # the promotion's completion
+            assert m.lookup(k, ctx) is LookupResult.HIT
+            got += read_back(m, [k], ctx)
+            m.on_schedule_end(END)
+        # The first wait (no load timed yet) ran out; the second was not waited for.
+        assert m.inline_timeouts == 2 and tier.load_stats()["inline_skips"] == 1
+        assert all(np.array_equal(a, b) for a, b in zip(got, data))
+        m.on_request_finished(ctx)
+    finally:
+        m.shutdown()
+
+
 @pytest.mark.parametrize("tier", ["kvswarm_no_wait", "fs"])
 def test_without_an_inline_wait_promotion_is_deferred_as_in_vllm(drives, tier):
     config = kvswarm_tier(drives, inline_wait_s=0) if tier != "fs" else {"type": "fs", "root_dir": drives[0]}

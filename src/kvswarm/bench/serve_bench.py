@@ -24,7 +24,8 @@ page cache is dropped, and a new engine process serves the second half (the dura
 blocks; the fs tier's files are found again by cold file probes).  Arrival times restart from zero in
 the second half, so the engine's start is not counted in any TTFT.
 
-Before the configurations an engine without offload times its prefill rate on a warm-up prompt; the
+Before the configurations an engine without offload times its prefill rate (the fastest of three
+warm-up prompts); the
 arrivals are compressed so that the requests' prompt tokens arrive at ``--load`` times that rate (1.0
 by default: an engine without any cache would be just saturated), so the load is the same relative to
 the engine whatever the machine's speed (``--compression`` fixes the factor instead).
@@ -110,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
                    help="serve every configuration N times, the order reversed every other round, so that the "
                         "shared machine's drift falls on every configuration alike; percentiles pool the rounds")
-    p.add_argument("--inline-wait", type=float, default=0.25, metavar="S",
+    p.add_argument("--inline-wait", type=float, default=0.05, metavar="S",
                    help="kvswarm tier's inline_wait_s: how long a lookup may wait for its promotion (0: deferred to "
                         "the next step, as vLLM's manager does for every tier)")
 
@@ -157,25 +158,25 @@ def run(args: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(model)
     records, pool = load_records(args.trace), text_pool(tok, 100_000)
     requests = build_requests(records, scale, pool)  # at the trace's pace
-    warm = [list(make_document(tok, 256, seed=s, source="pydoc").prompt_ids) for s in (7, 8)]
+    warm = [list(make_document(tok, 256, seed=s, source="pydoc").prompt_ids) for s in (7, 8, 9, 10)]
     max_len = scale.max_blocks * scale.block_tokens + scale.max_output + ENGINE["block_size"]
     kv_bytes_per_token = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: 30 layers, K and V, 3 KV heads of 64, fp32
     engine = {**ENGINE, "max_model_len": max(max_len, 256 + 8), "kv_cache_bytes": KV_TOKENS * kv_bytes_per_token}
-    job = {"model": model, "engine": engine, "warmup_prompts": warm}
+    job = {"model": model, "engine": engine, "warmup_prompts": warm[:2]}
     root = tempfile.mkdtemp(prefix="kvswarm-bench-serve-", dir=args.dir or "/var/tmp")
     try:
-        prefill_tps = calibrate(job, root)
+        prefill_tps = calibrate(dict(job, warmup_prompts=warm), root)
         compression = args.compression or compression_for_load(requests, args.load, prefill_tps)
         scale = replace(scale, time_compression=round(compression, 3))
         requests = build_requests(records, scale, pool)
-        offered = sum(len(r.prompt) for r in requests) / max(requests[-1].arrival_s, 1e-9) / prefill_tps
+        tokens = sum(len(r.prompt) for r in requests)
+        offered = tokens / max(requests[-1].arrival_s, 1e-9) / prefill_tps
         half = len(requests) // 2
         phases = [requests[:half], requests[half:]]
         t_half = phases[1][0].arrival_s
         job_phases = [[{"rid": r.rid, "arrival_s": r.arrival_s - (t_half if p else 0.0), "prompt": list(r.prompt),
                         "max_tokens": r.max_tokens} for r in ph] for p, ph in enumerate(phases)]
         caps = default_caps(4)
-        tokens = sum(len(r.prompt) for r in requests)
         drive_bytes = max(256 * MiB, int(2.5 * tokens * kv_bytes_per_token) // 4096 * 4096)
         results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "scale": scale_of(args),
                          "scaling": scale.as_dict(), "scaling_text": scale.describe(), "engine": engine,
@@ -208,8 +209,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def calibrate(job: dict, root: str) -> float:
-    """The engine's prefill rate (tokens/s), timed by its warm-up alone in an engine without offload: it
-    paces the arrivals (``--load``) and is the recompute rate of kvswarm's deadline policy."""
+    """The engine's prefill rate (tokens/s), the fastest of its timed warm-up prompts in an engine without
+    offload (one timing fell to 388 tokens/s where the same engine had prefilled 575-673 minutes before): it paces
+    the arrivals (``--load``) and is the recompute rate of kvswarm's deadline policy."""
     work = tempfile.mkdtemp(prefix="calibrate-", dir=root)
     return _child(dict(job, connector=None, phases=[]), work, "calibrate")["prefill_tokens_per_s"]
 
@@ -299,6 +301,7 @@ def _run_engines(cfg: Config, job: dict, phases: list[list[dict]], work: str, de
     out = {"config": cfg.name, "restart": cfg.restart, "drives": cfg.drives, "per_drive": per_drive,
            "load_avg": [load0, os.getloadavg()],
            "engine_start_s": [p["engine_start_s"] for p in parts],
+           "buffers_ready_s": [p["buffers_ready_s"] for p in parts],
            "region_ready_s": [p["region_ready_s"] for p in parts],
            "prefill_tokens_per_s": parts[0]["prefill_tokens_per_s"], "phases": phase_runs}
     m = metrics([r for p in phase_runs for r in p["requests"]], sum(p["replay_s"] for p in phase_runs))
@@ -318,7 +321,8 @@ def pool_rounds(runs: list[dict]) -> dict:
                         for i in range(len(runs[0]["per_drive"]))]
     out["load_avg"] = [runs[0]["load_avg"][0], runs[-1]["load_avg"][1]]
     out["engine_start_s"] = [t for r in runs for t in r["engine_start_s"]]
-    out["region_ready_s"] = [t for r in runs for t in r["region_ready_s"]]
+    for k in ("buffers_ready_s", "region_ready_s"):
+        out[k] = [t for r in runs for t in r[k]]
     out["prefill_tokens_per_s"] = [r["prefill_tokens_per_s"] for r in runs]
     return out
 

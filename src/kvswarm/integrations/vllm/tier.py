@@ -234,13 +234,14 @@ class KVSwarmTierManager(SecondaryTierManager):
                  max_inflight_jobs: int = 16, max_batch_bytes: int = 16 << 20, eviction: str = "lru",
                  enable_kv_events: bool = False, locality: str | None = None, follow: bool = False,
                  refresh_interval: float = 0.05, huge_pages: bool = True, load_policy: str = "always",
-                 recompute_tokens_per_s: float | None = None, inline_wait_s: float = 0.25,
+                 recompute_tokens_per_s: float | None = None, inline_wait_s: float = 0.05,
                  cluster: dict | None = None, backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.load_policy = make_load_policy(load_policy, recompute_tokens_per_s)  # first: a bad one opens nothing
         if inline_wait_s < 0:
             raise ValueError(f"inline_wait_s must be >= 0, not {inline_wait_s}")
-        # How long the scheduler may wait, within a lookup, for a promotion from this tier (InlinePromotionManager).
+        # How long the scheduler may wait, within a lookup, for a promotion from this tier (InlinePromotionManager):
+        # the wait stops the whole engine, so it pays only for reads shorter than a fraction of a busy step.
         self.inline_wait_s = float(inline_wait_s)
         # vLLM's scheduler-side region (set by TieringOffloadingSpec.get_manager before it makes its tiers): its
         # file is what _huge_primary collapses.  None elsewhere (a tier built over another view).
@@ -301,6 +302,8 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._load_jobs = 0
         self._load_ms = 0  # summed over load jobs, submit to finish
         self._load_ms_max = 0.0
+        self._load_bytes_per_s: float | None = None  # finished loads' bytes over submit-to-finish time, averaged
+        self._inline_skips = 0  # wait_loads calls answered at once: the open loads would outlast the bound
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self.cluster: ClusterLink | None = None
         if cluster is not None:
@@ -318,6 +321,12 @@ class KVSwarmTierManager(SecondaryTierManager):
             self._republication.start(list(self._catalog))
             if not self._republication.active:
                 self.cluster.republished()
+        # The buffer pool is faulted in beside the driver, not in the first jobs: a fresh tier's first stores
+        # spread over the whole pool (0.24 vs 1.8-1.9 GB/s once resident, see BufferPool.populate), and not
+        # before them either: a restarted engine's first load waited up to 2.8 s for the pool on the driver.
+        self.buffers_ready = threading.Event()  # the pool is faulted in (or cannot be ahead)
+        self._warm = threading.Thread(target=self._warm_buffers, name="kvswarm-vllm-tier-warm", daemon=True)
+        self._warm.start()
         self._driver = threading.Thread(target=self._run, name="kvswarm-vllm-tier", daemon=True)
         self._driver.start()
         log.info("kvswarm vLLM tier: %d drives, %d objects, chunk %d B, catalog loaded in %.3f s",
@@ -360,7 +369,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
                 "deadline_probes": self.load_policy.probes,
                 "load_bytes_submitted": self._load_bytes_submitted, "load_jobs": self._load_jobs,
-                "load_ms": self._load_ms, "load_ms_max": self._load_ms_max}
+                "load_ms": self._load_ms, "load_ms_max": self._load_ms_max, "inline_skips": self._inline_skips}
 
     def _digest(self, key: OffloadKey) -> bytes:
         return KEY_DIGEST(self._prefix + key)
@@ -409,11 +418,20 @@ class KVSwarmTierManager(SecondaryTierManager):
         """Wait up to ``timeout`` seconds until every load job submitted so far is finished (its
         result then waits in ``get_finished_jobs``); True if they all are.  Used by
         :class:`~kvswarm.integrations.vllm.promotion.InlinePromotionManager` to complete a promotion
-        within the lookup that found the chunk (``inline_wait_s`` bounds it)."""
+        within the lookup that found the chunk (``inline_wait_s`` bounds it).
+
+        Answers False at once when the open loads' bytes, at the rate finished loads came in, would
+        take longer than ``timeout``: a wait bound to run out only stops the engine (one capped drive
+        reads a request's blocks in 140-170 ms; the promotion then completes at a later step)."""
+        rate = self._load_bytes_per_s
+        if rate is not None and (self._load_bytes_submitted - self._load_bytes_finished) / rate > timeout:
+            self._inline_skips += 1
+            return False
         with self._idle:
             return self._idle.wait_for(lambda: self._loads_open == 0, timeout)
 
     def shutdown(self) -> None:
+        self._warm.join()  # it maps the pool: done before the store unmaps it
         if self._driver.is_alive():
             self.drain_jobs()
             self._queue.put(None)
@@ -449,13 +467,15 @@ class KVSwarmTierManager(SecondaryTierManager):
             return
         self._queue.put(_Job(job, load, keys, offsets))
 
+    def _warm_buffers(self) -> None:
+        try:
+            if not self.store.warm_buffers():  # contents are kept: safe beside the driver's leases
+                log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
+        finally:
+            self.buffers_ready.set()
+
     # ---- driver thread: the only user of the store -------------------------------------
     def _run(self) -> None:
-        # Fault the buffer pool in before serving, not in the first jobs: a fresh tier's first stores
-        # spread over the whole pool (0.24 vs 1.8-1.9 GB/s once resident, see BufferPool.populate).
-        # Jobs queue meanwhile; a lookup waits at most for one huge page to fault in (see populate).
-        if not self.store.warm_buffers():
-            log.info("kvswarm tier: this kernel cannot fault the buffer pool in ahead (MADV_POPULATE_WRITE)")
         if verify_submit is None:
             log.warning("kvswarm tier: kvswarm.store._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
@@ -872,6 +892,9 @@ class KVSwarmTierManager(SecondaryTierManager):
                            time.perf_counter() - j.t0, len(ok_keys) * self.block_size_bytes)
         if j.load:
             self.load_policy.observe(len(ok_keys) * self.block_size_bytes, result.transfer_time)
+            if ok_keys and result.transfer_time > 0:
+                rate, prev = len(ok_keys) * self.block_size_bytes / result.transfer_time, self._load_bytes_per_s
+                self._load_bytes_per_s = rate if prev is None else prev + 0.2 * (rate - prev)
             self._load_bytes_finished += len(j.keys) * self.block_size_bytes
             self._load_jobs += 1
             self._load_ms += round(result.transfer_time * 1000)
