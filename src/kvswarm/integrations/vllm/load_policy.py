@@ -31,6 +31,24 @@ from collections.abc import Callable
 from kvswarm.registry import Registry
 
 
+class LoadRate:
+    """The rate loads come in at: an exponential average of finished load jobs' bytes over their time
+    from submission to completion (a job waiting behind others reads slower, so a busy tier estimates
+    conservatively).  ``bytes_per_s`` is None until a load finishes."""
+
+    def __init__(self, smoothing: float = 0.2) -> None:
+        self.smoothing = smoothing
+        self.bytes_per_s: float | None = None
+
+    def observe(self, nbytes: int, seconds: float) -> bool:
+        """Take in a finished job; False (nothing taken) for one that moved nothing or took no time."""
+        if nbytes <= 0 or seconds <= 0:
+            return False
+        rate, prev = nbytes / seconds, self.bytes_per_s
+        self.bytes_per_s = rate if prev is None else prev + self.smoothing * (rate - prev)
+        return True
+
+
 class LoadPolicy:
     """Base: load everything."""
 
@@ -60,11 +78,15 @@ class DeadlineLoad(LoadPolicy):
         if not recompute_tokens_per_s or recompute_tokens_per_s <= 0:
             raise ValueError("load_policy 'deadline' needs recompute_tokens_per_s > 0 (the engine's prefill rate)")
         self.recompute_tokens_per_s = float(recompute_tokens_per_s)
-        self.smoothing = smoothing
+        self.rate = LoadRate(smoothing)
         self.probe_interval_s = probe_interval_s
-        self.bytes_per_s: float | None = None  # measured load rate; None until a load finishes
         self._clock = clock
         self._last_news = clock()  # the last finished load, or the last probe sent
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """The measured load rate; None until a load finishes."""
+        return self.rate.bytes_per_s
 
     def worth_loading(self, queued_bytes: int, block_bytes: int, tokens: int) -> bool:
         if self.bytes_per_s is None:
@@ -80,12 +102,8 @@ class DeadlineLoad(LoadPolicy):
         return True
 
     def observe(self, nbytes: int, seconds: float) -> None:
-        if nbytes <= 0 or seconds <= 0:
-            return
-        self._last_news = self._clock()
-        rate = nbytes / seconds
-        prev = self.bytes_per_s
-        self.bytes_per_s = rate if prev is None else prev + self.smoothing * (rate - prev)
+        if self.rate.observe(nbytes, seconds):
+            self._last_news = self._clock()
 
 
 LOAD_POLICIES: Registry[LoadPolicy] = Registry("load policy", LoadPolicy, AlwaysLoad, DeadlineLoad)

@@ -59,7 +59,7 @@ from kvswarm.errors import FlushError
 from kvswarm.format import KEY_DIGEST, extent_size
 from kvswarm.integrations.keys import KeySpace, layout_dtype
 from kvswarm.integrations.vllm.cluster import ClusterLink
-from kvswarm.integrations.vllm.load_policy import make_load_policy
+from kvswarm.integrations.vllm.load_policy import LoadRate, make_load_policy
 from kvswarm.layout import KVLayout
 from kvswarm.store import GetHandle, KVStore, PutHandle, StoreConfig, verify_submit
 from kvswarm.tiers.eviction import make_eviction
@@ -302,7 +302,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._load_jobs = 0
         self._load_ms = 0  # summed over load jobs, submit to finish
         self._load_ms_max = 0.0
-        self._load_bytes_per_s: float | None = None  # finished loads' bytes over submit-to-finish time, averaged
+        self._load_rate = LoadRate()  # what wait_loads predicts with, whatever the load policy
         self._inline_skips = 0  # wait_loads calls answered at once: the open loads would outlast the bound
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self.cluster: ClusterLink | None = None
@@ -422,8 +422,8 @@ class KVSwarmTierManager(SecondaryTierManager):
 
         Answers False at once when the open loads' bytes, at the rate finished loads came in, would
         take longer than ``timeout``: a wait bound to run out only stops the engine (one capped drive
-        reads a request's blocks in 140-170 ms; the promotion then completes at a later step)."""
-        rate = self._load_bytes_per_s
+        reads a request's blocks in 150-240 ms; the promotion then completes at a later step)."""
+        rate = self._load_rate.bytes_per_s
         if rate is not None and (self._load_bytes_submitted - self._load_bytes_finished) / rate > timeout:
             self._inline_skips += 1
             return False
@@ -892,9 +892,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                            time.perf_counter() - j.t0, len(ok_keys) * self.block_size_bytes)
         if j.load:
             self.load_policy.observe(len(ok_keys) * self.block_size_bytes, result.transfer_time)
-            if ok_keys and result.transfer_time > 0:
-                rate, prev = len(ok_keys) * self.block_size_bytes / result.transfer_time, self._load_bytes_per_s
-                self._load_bytes_per_s = rate if prev is None else prev + 0.2 * (rate - prev)
+            self._load_rate.observe(len(ok_keys) * self.block_size_bytes, result.transfer_time)
             self._load_bytes_finished += len(j.keys) * self.block_size_bytes
             self._load_jobs += 1
             self._load_ms += round(result.transfer_time * 1000)
