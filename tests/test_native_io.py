@@ -113,6 +113,31 @@ def test_a_short_read_and_writes(files, tmp_path):
     io.close()
 
 
+def test_reads_do_not_wait_for_ring_slots_held_by_writes(files):
+    """A drive's depth bounds its reads and its writes apart: with the depth taken by a write batch
+    still in flight, a read batch queued after it goes into the ring at once, and both complete."""
+    fds, data = files
+    io, _ = _io(fds, depth=2)
+    pool = BufferPool(4 << 20)
+    arr = pool.array
+    n = 16
+    arr[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
+    w = io.submit(Op.WRITE, arr, np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * SZ + 64 * SZ,
+                  np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    assert io.busy(0, Op.WRITE) == 2 and io.busy(0, Op.READ) == 0
+    d, off, ln, at, want, poff, plen, sums = _reads(data, [0, 0], [3, 5])
+    r = io.submit(Op.READ, arr, d, off, ln, at + n * SZ, want, poff, plen, sums)
+    assert io.busy(0, Op.READ) == 2 and io.busy(0, Op.WRITE) == 2
+    io.wait(r)
+    io.wait(w)
+    assert (r.verdict == native.OK).all() and (w.verdict == native.OK).all()
+    os.fdatasync(fds[0])
+    with open(os.open(os.readlink(f"/proc/self/fd/{fds[0]}"), os.O_RDONLY), "rb") as f:
+        f.seek(64 * SZ)
+        assert f.read(n * SZ) == bytes(arr[:n * SZ])
+    io.close()
+
+
 def test_bad_arrays_are_refused_before_any_io(files):
     fds, data = files
     io, _ = _io(fds)
@@ -149,7 +174,7 @@ def test_depth_per_drive_and_many_batches_from_several_threads(files):
                 d, off, ln, at, want, poff, plen, sums = _reads(data, drive, idx)
                 at += (t * 10 + k) * 32 * SZ  # each batch its own part of the pool
                 b = io.submit(Op.READ, pool.array, d, off, ln, at, want, poff, plen, sums)
-                seen.append(max(io.busy(0), io.busy(1)))
+                seen.append(max(io.busy(0, Op.READ), io.busy(1, Op.READ)))
                 io.wait(b)
                 assert (b.verdict == native.OK).all()
         except Exception as e:  # noqa: BLE001 - reported below

@@ -227,6 +227,46 @@ def test_jobs_larger_than_the_buffer_pool_run_in_batches(drives, primary):
     tier.shutdown()
 
 
+def test_a_load_passes_stores_held_in_flight(drives, primary, monkeypatch):
+    """Stores whose writes are held (a write-capped drive) neither queue a load behind them (it does not
+    count against max_inflight_jobs) nor take the buffer pool it needs (stores lease at most half)."""
+    keys = keys_for(CHUNKS)
+    data = fill(primary, range(CHUNKS))
+    tier = open_tier(drives, primary, buffer_pool_bytes=10 * LAYOUT.block_bytes, max_inflight_jobs=1,
+                     huge_pages=False)  # loads copy from the pool, so they need its room
+    run = JobRunner(tier)
+    assert run.run(keys[:4], range(4), load=False).success
+    release = threading.Event()
+    submit_put = tier.store.submit_put
+
+    class Held:
+        def __init__(self, handle):
+            self._handle = handle
+
+        @property
+        def done(self) -> bool:
+            return release.is_set() and self._handle.done
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+    monkeypatch.setattr(tier.store, "submit_put", lambda *a, **kw: Held(submit_put(*a, **kw)))
+    held = [run.submit(keys[4:16], range(4, 16), load=False), run.submit(keys[16:24], range(16, 24), load=False)]
+    primary.mm[:4 * LAYOUT.block_bytes] = bytes(4 * LAYOUT.block_bytes)
+    deadline = time.perf_counter() + 10
+    while tier.store.room() == tier.store.buffer_bytes and time.perf_counter() < deadline:
+        time.sleep(0.001)  # the first store's batches hold their share of the pool
+    load = run.submit(keys[:4], range(4), load=True)
+    got = run.wait([load], timeout=10)
+    assert got[load].success and not set(held) & got.keys()
+    for i in range(4):
+        assert np.array_equal(primary.chunk(i), data[i])
+    release.set()
+    assert all(r.success for r in run.wait(held, timeout=10).values())
+    assert run.lookup(keys[:24]) == [LookupResult.HIT] * 24
+    tier.shutdown()
+
+
 def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
     per_drive = 4 * (LAYOUT.block_bytes + 4096) + 4096  # room for 4 chunks on each of 3 drives: 12
     data = fill(primary, range(CHUNKS))

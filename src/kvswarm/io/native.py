@@ -87,7 +87,9 @@ def pack_helped() -> int:
 
 class NativeIO:
     """One native ring for a set of drives (attached as the engines' are), each drive up to
-    ``queue_depth`` I/Os in the ring; drive statistics are kept as the engines keep them."""
+    ``queue_depth`` reads and ``queue_depth`` writes in the ring: a read never waits for a slot held
+    by a write (a load queued behind a large store on a write-capped drive would wait for the store);
+    drive statistics are kept as the engines keep them."""
 
     def __init__(self, queue_depth: int = 32, single_thread: bool = False, entries: int = 1024) -> None:
         self._ring = _batchio.Ring(entries, queue_depth, single_thread)
@@ -147,9 +149,9 @@ class NativeIO:
         """I/Os submitted and not yet completed (queued for the ring or in it)."""
         return self._ring.queued
 
-    def busy(self, drive: int) -> int:
-        """``drive``'s I/Os in the ring now (at most the queue depth)."""
-        return self._ring.busy(drive)
+    def busy(self, drive: int, op: Op = Op.READ) -> int:
+        """``drive``'s reads (or writes) in the ring now (at most the queue depth)."""
+        return self._ring.busy(drive, int(op))
 
     @property
     def completions(self) -> int:

@@ -56,7 +56,9 @@ typedef struct {
     size_t sq_len, cq_len, sqes_len;
     int coop;                  /* COOP_TASKRUN: completions run when this process enters the kernel */
     int fds[MAX_DRIVES];       /* per drive (-1: none: its I/O fails with EIO at once) */
-    int busy[MAX_DRIVES];      /* per drive, I/Os in the ring */
+    int busy[MAX_DRIVES][2];   /* per drive and op, I/Os in the ring: reads never wait for ring slots
+                                * held by writes (a drive's write cap, or a slow flush, would delay
+                                * a load queued behind a store) */
     int depth;                 /* per drive */
     unsigned in_ring, to_submit;
     long long queued;          /* I/Os submitted by the caller and not yet completed */
@@ -179,7 +181,8 @@ static void job_count(Job *j, Py_ssize_t k) {
 
 /* ---- the ring -------------------------------------------------------------------------------- */
 
-/* Move queued I/Os into the SQ, each drive up to its depth, oldest job first (the lock is held).
+/* Move queued I/Os into the SQ, each drive up to its depth of reads and its depth of writes, oldest
+ * job first (the lock is held).
  * I/O to a drive without a file fails at once with EIO: appended to `failed` for the caller. */
 static void fill(Ring *r, Job **failed_job, Py_ssize_t *failed_i, int *nfailed, int cap) {
     unsigned tail = *r->sq_tail, mask = *r->sq_mask;
@@ -205,7 +208,7 @@ static void fill(Ring *r, Job **failed_job, Py_ssize_t *failed_i, int *nfailed, 
                 failed_i[(*nfailed)++] = i;
                 continue;
             }
-            if (r->busy[d] >= r->depth) continue;
+            if (r->busy[d][j->op] >= r->depth) continue;
             struct io_uring_sqe *sqe = &r->sqes[tail & mask];
             memset(sqe, 0, sizeof(*sqe));
             sqe->opcode = j->op == OP_READ ? IORING_OP_READ : IORING_OP_WRITE;
@@ -216,7 +219,7 @@ static void fill(Ring *r, Job **failed_job, Py_ssize_t *failed_i, int *nfailed, 
             sqe->user_data = ((uint64_t)j->slot << 32) | (uint64_t)i;
             r->sq_array[tail & mask] = tail & mask;
             tail++;
-            r->busy[d]++;
+            r->busy[d][j->op]++;
             r->in_ring++;
             r->to_submit++;
             room--;
@@ -264,7 +267,7 @@ static int harvest(Ring *r, Job **jobs, Py_ssize_t *idx, int cap) {
         int64_t lat = t - ((int64_t *)j->lat.buf)[i], d = ((const int64_t *)j->drive.buf)[i];
         ((int64_t *)j->res.buf)[i] = c->res;
         ((int64_t *)j->lat.buf)[i] = lat;
-        r->busy[d]--;
+        r->busy[d][j->op]--;
         Acc *a = &r->acc[d * 2 + j->op];
         if (c->res >= 0) {
             int b = 0;
@@ -839,10 +842,11 @@ static PyObject *ring_completions(Ring *r, void *closure) {
 }
 
 static PyObject *ring_busy(Ring *r, PyObject *args) {
-    int d;
-    if (!PyArg_ParseTuple(args, "i", &d)) return NULL;
+    int d, op;
+    if (!PyArg_ParseTuple(args, "ii", &d, &op)) return NULL;
     if (d < 0 || d >= MAX_DRIVES) return PyErr_Format(PyExc_ValueError, "drive index %d out of range", d);
-    return PyLong_FromLong(__atomic_load_n(&r->busy[d], __ATOMIC_RELAXED));
+    if (op != OP_READ && op != OP_WRITE) return PyErr_Format(PyExc_ValueError, "op %d is neither 0 nor 1", op);
+    return PyLong_FromLong(__atomic_load_n(&r->busy[d][op], __ATOMIC_RELAXED));
 }
 
 static PyMethodDef ring_methods[] = {
@@ -859,7 +863,7 @@ static PyMethodDef ring_methods[] = {
      "take_stats() -> bytes: per drive below the highest one that completed I/O since the last call, per op\n"
      "(read, write), int64 ops, bytes, errors, latency sum (ns) and one count per latency bucket (its\n"
      "bounds, then one past the last); zeroed by the call"},
-    {"busy", (PyCFunction)ring_busy, METH_VARARGS, "busy(drive) -> int: that drive's I/Os in the ring"},
+    {"busy", (PyCFunction)ring_busy, METH_VARARGS, "busy(drive, op) -> int: that drive's reads (op 0) or writes (1) in the ring"},
     {"close", (PyCFunction)ring_close, METH_NOARGS, "close(): wait out every I/O, then tear the ring down"},
     {NULL, NULL, 0, NULL},
 };

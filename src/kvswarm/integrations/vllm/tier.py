@@ -277,7 +277,11 @@ class KVSwarmTierManager(SecondaryTierManager):
         self.max_batch_bytes = max_batch_bytes
         self._events: list[OffloadingEvent] | None = (
             [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
-        self._max_inflight = max(1, max_inflight_jobs)
+        self._max_inflight = max(1, max_inflight_jobs)  # stores; loads are never held back
+        self._active: list[_Job] = []  # jobs in flight (driver thread only)
+        self._stores_waiting: deque[_Job] = deque()  # stores past max_inflight_jobs (driver thread only)
+        # Stores lease at most half of the buffer pool: the rest is room for loads.
+        self._store_pool_bytes = max(self._chunk_extent_bytes, self.store.buffer_bytes // 2)
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._finished: queue.SimpleQueue[tuple[JobResult, list[OffloadKey]]] = queue.SimpleQueue()
         self._pending = 0  # jobs queued or in flight, for drain_jobs
@@ -304,6 +308,9 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._load_ms_max = 0.0
         self._load_rate = LoadRate()  # what wait_loads predicts with, whatever the load policy
         self._inline_skips = 0  # wait_loads calls answered at once: the open loads would outlast the bound
+        self._flushes = 0  # flushes on the driver thread, and their summed and longest time (ms)
+        self._flush_ms = 0.0
+        self._flush_ms_max = 0.0
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
         self.cluster: ClusterLink | None = None
         if cluster is not None:
@@ -362,14 +369,17 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._seen.append(sk)  # recency is the driver's business: the scheduler thread only queues
         return _HIT
 
-    def load_stats(self) -> dict[str, int]:
+    def load_stats(self) -> dict[str, int | float]:
         """Lookup hits answered HIT (probes of the load policy's estimate among them), blocks found but
         recomputed by the load policy, load bytes submitted, load jobs finished with their summed and
-        longest time from submit to finish (ms)."""
+        longest time from submit to finish (ms), and the driver's flushes with their summed and longest
+        time (ms; the driver takes no completions in meanwhile)."""
         return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
                 "deadline_probes": self.load_policy.probes,
                 "load_bytes_submitted": self._load_bytes_submitted, "load_jobs": self._load_jobs,
-                "load_ms": self._load_ms, "load_ms_max": self._load_ms_max, "inline_skips": self._inline_skips}
+                "load_ms": self._load_ms, "load_ms_max": self._load_ms_max, "inline_skips": self._inline_skips,
+                "flushes": self._flushes, "flush_ms": round(self._flush_ms, 1),
+                "flush_ms_max": round(self._flush_ms_max, 1)}
 
     def _digest(self, key: OffloadKey) -> bytes:
         return KEY_DIGEST(self._prefix + key)
@@ -479,7 +489,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         if verify_submit is None:
             log.warning("kvswarm tier: kvswarm.store._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
-        active: list[_Job] = []
+        active = self._active
         unflushed: list[_Job] = []
         next_refresh = 0.0
         while True:
@@ -503,27 +513,29 @@ class KVSwarmTierManager(SecondaryTierManager):
         cluster = self.cluster
         try:
             due = self._republication.due_in() if self._republication is not None else None
-            block = not active and due != 0
+            block = not active and not self._stores_waiting and due != 0
             wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
             if cluster is not None:  # an idle node still re-publishes when the master asks
                 wake = min(wake or 1e9, cluster.pool.config.check_interval_s, 1e9 if due is None else due)
-            while len(active) < self._max_inflight:
+            while True:
                 item = self._queue.get(block=block, timeout=wake if block else None)
                 block = False
                 if item is None:
                     return False
-                item.ok = [False] * len(item.keys)
-                active.append(item)
-                if item.load:
-                    if cluster is not None:
-                        self._start_fetch(item)
-                    self.start_huge_pages()
+                if item.load:  # a load never waits behind stores: a request's first token waits for it
+                    self._activate(item, active)
+                else:
+                    self._stores_waiting.append(item)
         except queue.Empty:
             pass
+        stores = sum(not j.load for j in active)
+        while self._stores_waiting and stores < self._max_inflight:
+            self._activate(self._stores_waiting.popleft(), active)
+            stores += 1
         with contextlib.suppress(IndexError):
             while True:
                 self._evict(self.residency.seen(self._seen.popleft()))
-        for j in active:
+        for j in sorted(active, key=lambda j: not j.load):  # loads first, into the pool's free room
             self._submit_batches(j, force=not any(x.batches for x in active))
         progressed = False
         if any(j.batches for j in active):
@@ -733,10 +745,22 @@ class KVSwarmTierManager(SecondaryTierManager):
         finally:
             self.region_ready.set()
 
+    def _activate(self, j: _Job, active: list[_Job]) -> None:
+        j.ok = [False] * len(j.keys)
+        active.append(j)
+        if j.load:
+            if self.cluster is not None:
+                self._start_fetch(j)
+            self.start_huge_pages()
+
     def _submit_batches(self, j: _Job, force: bool) -> None:
-        """Submit the job's next batches while the buffer pool has room for them."""
+        """Submit the job's next batches while the buffer pool has room for them; stores hold at most
+        half of it, so that a load finds room at once rather than after stores drain through a
+        write-capped drive."""
         while j.pos < j.local:  # a load's other keys come from the cluster
             n = self.store.batch_len(j.local - j.pos, self._chunk_extent_bytes, self.max_batch_bytes)
+            if not j.load:
+                n = min(n, max(0, self._store_pool_bytes - self._store_leased()) // self._chunk_extent_bytes)
             if not n:
                 if not (force and not j.batches):
                     return
@@ -758,6 +782,10 @@ class KVSwarmTierManager(SecondaryTierManager):
             if handle is not None:
                 j.batches.append((start, end, handle, put))
             force = False
+
+    def _store_leased(self) -> int:
+        """Pool bytes leased by store batches in flight."""
+        return sum(b[1] - b[0] for j in self._active for b in j.batches if not j.load) * self._chunk_extent_bytes
 
     def _submit_put(self, j: _Job, start: int, end: int) -> tuple[PutHandle | None, list[bytes]]:
         bs = self.block_size_bytes
@@ -870,6 +898,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         return False
 
     def _flush(self) -> None:
+        t0 = time.perf_counter()
         try:
             self.store.flush()
             self._evicted_since_flush = 0
@@ -881,6 +910,10 @@ class KVSwarmTierManager(SecondaryTierManager):
         except Exception:  # the stores it was to make durable are reported not stored
             self._flush_failures += 1
             log.exception("kvswarm tier: flush failed")
+        ms = (time.perf_counter() - t0) * 1000
+        self._flushes += 1
+        self._flush_ms += ms
+        self._flush_ms_max = max(self._flush_ms_max, ms)
 
     def _finish(self, j: _Job) -> None:
         if j.internal:
