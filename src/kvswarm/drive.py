@@ -8,6 +8,7 @@ system refuses O_DIRECT the drive falls back to buffered I/O and says so in a wa
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import mmap
 import os
@@ -98,6 +99,28 @@ def failed_drive(index: int, path: str, kind: str, reason: str) -> Drive:
     """The place of a drive that could not be opened: out of service, holding nothing open."""
     return Drive(index=index, path=path, kind=kind, healthy=False, reason=reason,
                  stats=DriveStats(f"{index}:{os.path.basename(path) or path}"))
+
+
+def block_device(path: str) -> tuple[str, int] | None:
+    """The block device holding ``path`` (a block device itself, or a directory's file system) and how
+    many requests it takes at once: its tags summed over its hardware queues (sysfs ``mq/*/nr_tags``),
+    else its ``queue/nr_requests``; a partition answers for its disk.  None where sysfs names no block
+    device (tmpfs, a network file system) or the path cannot be read."""
+    try:
+        st = os.stat(path)
+        dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
+        base = os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+        if not os.path.isdir(base):
+            return None
+        if os.path.exists(os.path.join(base, "partition")):
+            base = os.path.dirname(base)
+        tags = [int(open(f).read()) for f in glob.glob(os.path.join(base, "mq", "*", "nr_tags"))]
+        if tags:
+            return base, sum(tags)
+        with open(os.path.join(base, "queue", "nr_requests")) as f:
+            return base, int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 def _open(path: str, flags: int) -> tuple[int, bool]:

@@ -62,14 +62,6 @@ from kvswarm.store import KVStore, StoreConfig
 from kvswarm.testbed import UNCAPPED, Testbed, default_caps
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-# Per drive, for reads. One Python thread both processes results and refills the queues, so the
-# queues must be deep enough to keep the disk busy while it processes (measured: 128 > 64 > 32).
-STORE_QUEUE_DEPTH = 128
-# Drives that are directories on one disk share its queue: together they keep at most this many
-# reads in flight (the raw baseline's deepest setting).  Past the device's own queue (128 tags
-# here), more only costs CPU: 4 KiB reads over four directories, 128 deep each vs 32: 14-24 vs
-# 11-13 us per object.
-SHARED_DISK_DEPTH = 256
 RAW_DEPTHS = (8, 16, 32, 64, 128, 256)  # io_uring queue depths the raw baseline is tuned over
 SIZE_NAMES = {4 * KiB: "4k", 16 * KiB: "16k", 64 * KiB: "64k", 1 * MiB: "1m"}
 
@@ -223,18 +215,15 @@ class Drives:
         """The native path takes no user-space drive pacing (kernel caps bind it as any software)."""
         return not args.drives or args.emulation != "user-space"
 
-    @property
-    def store_queue_depth(self) -> int:
-        """Reads in flight per drive for the store: capped drives each have their own queue."""
-        return STORE_QUEUE_DEPTH if self.capped else max(16, SHARED_DISK_DEPTH // len(self.paths))
-
-    def open_store(self, backend: str, queue_depth: int) -> KVStore:
+    def open_store(self, backend: str) -> KVStore:
         """``native``: reads on the native batch path (its writes on the uring engine); the others keep
-        every I/O on that Python engine."""
+        every I/O on that Python engine.  The queue depth per drive is the store's own choice from its
+        drives' devices (``device_queue_depth``: a capped loop device's 128 tags each, a disk's split
+        among the directories on it)."""
         native = backend == "native"
         engine = ("uring" if uring_available() else "threads") if native else backend
         cfg = StoreConfig(drives=self.paths, meta_dir=self.meta_dir, capacity_per_drive=self.capacity,
-                          backend=engine, queue_depth=queue_depth, buffer_pool_bytes=512 * MiB,
+                          backend=engine, buffer_pool_bytes=512 * MiB,
                           checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine,
                           native_io=native)
         store = KVStore(cfg)
@@ -403,14 +392,14 @@ def bench(args: argparse.Namespace, console) -> dict:
             drives.info["cap_check"] = [vars(c) | {"ratio": c.ratio} for c in drives.testbed.verify(1.5)]
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
         "seconds": seconds, "rounds": rounds, "backends": backends, "quick": quick,
-        "store_queue_depth_per_drive": drives.store_queue_depth,
         "durability": "writes durable on both sides: raw O_DIRECT writes fdatasync'd at the end of each sample, "
                       "the store's puts flushed (fdatasync + catalog sync) at the end of its data set",
         "object_size": "extent on disk; payload = size - 64 B header"}}
     runs: list[SizeRun] = []
     try:
         # 1. writes: raw into free space at the top of each drive, then the store's data set.
-        store = drives.open_store(backends[-1], 32)
+        store = drives.open_store(backends[-1])
+        results["config"]["store_queue_depth_per_drive"] = store.queue_depth
         wfds = drives.raw_fds(write=True)
         try:
             with console.status("preconditioning the drives (every block written once)"):
@@ -443,7 +432,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                 with console.status(f"tuning the raw baseline at {_fmt_size(run.size)}"):
                     _tune_raw(drives, run, seconds / 2, rng, use_uring, fds)
             for backend in backends:
-                store = drives.open_store(backend, drives.store_queue_depth)
+                store = drives.open_store(backend)
                 try:
                     for run in runs:
                         shape = store.read_shape(store.object_bytes(run.size - HEADER_SIZE))

@@ -57,7 +57,7 @@ from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
 from kvswarm.store import verify
-from kvswarm.store.config import StoreConfig
+from kvswarm.store.config import StoreConfig, device_queue_depth
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
 from kvswarm.store.verify import Check, Reads, check_batch, hand_over
 
@@ -441,6 +441,7 @@ class KVStore:
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
+        self.queue_depth = config.queue_depth or device_queue_depth(config.drives)  # per drive
         meta = config.meta_dir or next((p for p in config.drives if os.path.isdir(p)), None)
         for p in config.drives:
             # A drive gone from an existing store leaves it open without that drive (see _open_drives).
@@ -471,14 +472,14 @@ class KVStore:
                 made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
             self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
             self.reopen_seconds = time.perf_counter() - t0
-            plain = make_engine(config.backend, config.queue_depth, config.single_thread_io)
+            plain = make_engine(config.backend, self.queue_depth, config.single_thread_io)
             self.engine: IOEngine = plain if config.wrap_engine is None else config.wrap_engine(plain)
             for d in self.drives:
                 if d.fd >= 0:
                     self.engine.attach(d.index, d.fd, d.stats)
             self.native: native_io.NativeIO | None = None
             if self.engine is plain and native_io.enabled(config.native_io):  # unwrapped: nothing paces it
-                self.native = native_io.NativeIO(config.queue_depth, config.single_thread_io)
+                self.native = native_io.NativeIO(self.queue_depth, config.single_thread_io)
                 for d in self.drives:
                     if d.fd >= 0:
                         self.native.attach(d.index, d.fd, d.stats)
@@ -1459,7 +1460,7 @@ class KVStore:
         """Requests each drive has in flight at most: the thread engine's workers per drive, else the
         configured queue depth (a pacing wrapper's inner engine decides)."""
         engine = getattr(self.engine, "inner", self.engine)
-        return getattr(engine, "workers_per_drive", None) or self.config.queue_depth
+        return getattr(engine, "workers_per_drive", None) or self.queue_depth
 
     @property
     def num_drives(self) -> int:
@@ -1556,7 +1557,7 @@ class KVStore:
         extents = max(1, -(-size // self.config.stripe_unit))
         keys = max(4, min(256, (4 << 20) // size))
         healthy = sum(d.healthy for d in self.drives) or 1
-        want = 4 * healthy * self.config.queue_depth
+        want = 4 * healthy * self.queue_depth
         inflight = max(4, -(-want // (keys * extents)))
         room = self.config.buffer_pool_bytes // 2
         while inflight > 2 and keys * inflight * size > room:
