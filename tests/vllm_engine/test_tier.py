@@ -267,6 +267,36 @@ def test_a_load_passes_stores_held_in_flight(drives, primary, monkeypatch):
     tier.shutdown()
 
 
+def test_loads_go_on_while_a_flush_runs(drives, primary, monkeypatch):
+    """A flush runs beside the driver: a store waits for it to be reported, a load does not."""
+    keys = keys_for(8)
+    data = fill(primary, range(8))
+    tier = open_tier(drives, primary)
+    run = JobRunner(tier)
+    assert run.run(keys[:4], range(4), load=False).success
+    release, flushing = threading.Event(), threading.Event()
+    flush = tier.store.flush
+
+    def held_flush():
+        flushing.set()
+        assert release.wait(10)
+        flush()
+
+    monkeypatch.setattr(tier.store, "flush", held_flush)
+    store = run.submit(keys[4:], range(4, 8), load=False)
+    assert flushing.wait(10)
+    primary.mm[:4 * LAYOUT.block_bytes] = bytes(4 * LAYOUT.block_bytes)
+    load = run.submit(keys[:4], range(4), load=True)
+    got = run.wait([load], timeout=10)
+    assert got[load].success and store not in got
+    for i in range(4):
+        assert np.array_equal(primary.chunk(i), data[i])
+    release.set()
+    assert run.wait([store], timeout=10)[store].success
+    assert tier.load_stats()["flushes"] >= 2
+    tier.shutdown()
+
+
 def test_full_pool_evicts_least_recently_used_chunks(drives, primary):
     per_drive = 4 * (LAYOUT.block_bytes + 4096) + 4096  # room for 4 chunks on each of 3 drives: 12
     data = fill(primary, range(CHUNKS))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from concurrent import futures
 import queue
 import threading
 import time
@@ -296,6 +297,12 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._healthy = self.store.num_drives  # healthy drives when their unreadable chunks were last dropped
         self.residency = Residency(eviction, self._capacity_chunks(), self.store, self._delete_digest)
         self._flush_failures = 0  # flushes that raised: stores written before one are not durable
+        # Flushes run on a thread of their own, so the driver goes on serving loads meanwhile: an
+        # fdatasync waits for the writes queued before it, 80-280 ms behind a write-capped drive.
+        self._flusher = futures.ThreadPoolExecutor(1, thread_name_prefix="kvswarm-flush")
+        self._unflushed: list[_Job] = []  # finished stores that wait for a flush (driver thread only)
+        # The flush in flight: its future, the stores it makes durable, the deletes before it began.
+        self._flushing: tuple[futures.Future, list[_Job], int] | None = None
         self._chunk_tokens = self.layout.tokens_per_block
         # Load bytes queued: submitted (scheduler thread) minus finished (driver thread), each written by one thread.
         self._load_bytes_submitted = 0
@@ -308,7 +315,7 @@ class KVSwarmTierManager(SecondaryTierManager):
         self._load_ms_max = 0.0
         self._load_rate = LoadRate()  # what wait_loads predicts with, whatever the load policy
         self._inline_skips = 0  # wait_loads calls answered at once: the open loads would outlast the bound
-        self._flushes = 0  # flushes on the driver thread, and their summed and longest time (ms)
+        self._flushes = 0  # flushes, and their summed and longest time (ms; on the flusher thread)
         self._flush_ms = 0.0
         self._flush_ms_max = 0.0
         self._drop_unreadable()  # a drive unreadable at open (the store opened without it): its chunks miss
@@ -372,8 +379,7 @@ class KVSwarmTierManager(SecondaryTierManager):
     def load_stats(self) -> dict[str, int | float]:
         """Lookup hits answered HIT (probes of the load policy's estimate among them), blocks found but
         recomputed by the load policy, load bytes submitted, load jobs finished with their summed and
-        longest time from submit to finish (ms), and the driver's flushes with their summed and longest
-        time (ms; the driver takes no completions in meanwhile)."""
+        longest time from submit to finish (ms), and the flushes with their summed and longest time (ms)."""
         return {"lookup_hits": self._lookup_hits, "deadline_recomputes": self._declined,
                 "deadline_probes": self.load_policy.probes,
                 "load_bytes_submitted": self._load_bytes_submitted, "load_jobs": self._load_jobs,
@@ -446,6 +452,7 @@ class KVSwarmTierManager(SecondaryTierManager):
             self.drain_jobs()
             self._queue.put(None)
             self._driver.join()
+        self._flusher.shutdown()  # idle: the driver took every flush in before it ended
         if self._huge is not None:
             self._huge.join()  # it maps the region's file: done before vLLM may close it
         if self.cluster is not None:
@@ -490,7 +497,6 @@ class KVSwarmTierManager(SecondaryTierManager):
             log.warning("kvswarm tier: kvswarm.store._verify was not built (no C compiler at install): payloads are "
                         "verified on this thread, which a busy engine thread slows down (docs/integrations.md)")
         active = self._active
-        unflushed: list[_Job] = []
         next_refresh = 0.0
         while True:
             if self.follow and time.perf_counter() >= next_refresh:
@@ -502,18 +508,18 @@ class KVSwarmTierManager(SecondaryTierManager):
             # An unexpected error ends this iteration, never the thread: a dead driver would leave
             # vLLM's promotions pending and drain_jobs (reset_cache, shutdown) waiting forever.
             try:
-                if not self._step(active, unflushed):
+                if not self._step(active):
                     return
             except Exception:
                 log.exception("kvswarm tier: driver iteration failed")
                 time.sleep(0.01)  # a persistent error neither spins nor floods the log
 
-    def _step(self, active: list[_Job], unflushed: list[_Job]) -> bool:
+    def _step(self, active: list[_Job]) -> bool:
         """One turn of the driver loop; False once shutdown is asked for."""
         cluster = self.cluster
         try:
             due = self._republication.due_in() if self._republication is not None else None
-            block = not active and not self._stores_waiting and due != 0
+            block = not active and not self._stores_waiting and self._flushing is None and due != 0
             wake = self.refresh_interval if self.follow else None  # an idle follower still refreshes
             if cluster is not None:  # an idle node still re-publishes when the master asks
                 wake = min(wake or 1e9, cluster.pool.config.check_interval_s, 1e9 if due is None else due)
@@ -580,26 +586,21 @@ class KVSwarmTierManager(SecondaryTierManager):
             active.remove(j)
             if self.durable and j.written:
                 j.t_done = time.perf_counter()
-                unflushed.append(j)  # reported once a flush makes it durable
+                self._unflushed.append(j)  # reported once a flush makes it durable
             else:
                 self._finish(j)
-        # One flush covers every store finished so far: flush when no write is in flight, or
-        # when the oldest finished store has waited flush_interval (bounds its latency).
-        if unflushed and (not any(not j.load for j in active)
-                          or time.perf_counter() - unflushed[0].t_done > self.flush_interval):
-            self._flush()
-            self._drop_unreadable()  # a drive failing its fdatasync: gone before the stores are reported
-            for j in unflushed:
-                if j.flush_failures != self._flush_failures:
-                    # A flush failed since it wrote (this one or an earlier one): a later fsync that
-                    # succeeds does not vouch for pages an earlier one failed to write back.
-                    j.ok = [False] * len(j.keys)
-                    j.written.clear()  # no 'stored' events
-                self._finish(j)
-            unflushed.clear()
+        progressed |= self._end_flush(wait=False)
+        # One flush at a time covers every store finished before it began: it begins when no write
+        # is in flight, or when the oldest finished store has waited flush_interval (bounds its latency).
+        if self._unflushed and self._flushing is None and (
+                not any(not j.load for j in active)
+                or time.perf_counter() - self._unflushed[0].t_done > self.flush_interval):
+            self._start_flush()
         elif not finished and not progressed:
             if any(j.fetch is not None for j in active) and not any(j.batches for j in active):
                 cluster.pool.progress(0.001)  # only the cluster's transfers are in flight
+            elif self._flushing is not None and not any(j.batches for j in active):
+                futures.wait([self._flushing[0]], timeout=0.001)  # only the flush is running
             else:
                 self.store.progress(0.001)  # the next I/O back, or else the next batch verified
         return True
@@ -805,7 +806,7 @@ class KVSwarmTierManager(SecondaryTierManager):
                 handle = None
             else:
                 if self._evicted_since_flush:
-                    self._flush()  # deleted extents become reusable at a flush
+                    self._flush_now()  # deleted extents become reusable at a flush
                 handle = self.store.submit_put(items)
         except BaseException:
             for k, _ in items:  # admitted but never written: the policy must not count them
@@ -897,11 +898,32 @@ class KVSwarmTierManager(SecondaryTierManager):
             return True
         return False
 
-    def _flush(self) -> None:
+    def _start_flush(self) -> None:
+        """Begin a flush on the flusher thread for every store finished so far."""
+        self._flushing = (self._flusher.submit(self._timed_flush), self._unflushed, self._evicted_since_flush)
+        self._unflushed = []
+
+    def _timed_flush(self) -> None:
+        """The flusher thread's work: ``store.flush()`` (the store takes calls from several threads)."""
         t0 = time.perf_counter()
         try:
             self.store.flush()
-            self._evicted_since_flush = 0
+        finally:
+            ms = (time.perf_counter() - t0) * 1000
+            self._flushes += 1
+            self._flush_ms += ms
+            self._flush_ms_max = max(self._flush_ms_max, ms)
+
+    def _end_flush(self, wait: bool) -> bool:
+        """Take in the flush in flight once it has finished (``wait``: wait for it): count a failure,
+        forget what it dropped, report the stores it made durable.  False when none finished."""
+        if self._flushing is None or not (wait or self._flushing[0].done()):
+            return False
+        future, jobs, evicted = self._flushing
+        self._flushing = None
+        try:
+            future.result()
+            self._evicted_since_flush -= evicted  # their extents are reusable now
         except FlushError as e:  # the stores it was to make durable are reported not stored
             self._flush_failures += 1
             log.error("kvswarm tier: %s", e)
@@ -910,10 +932,21 @@ class KVSwarmTierManager(SecondaryTierManager):
         except Exception:  # the stores it was to make durable are reported not stored
             self._flush_failures += 1
             log.exception("kvswarm tier: flush failed")
-        ms = (time.perf_counter() - t0) * 1000
-        self._flushes += 1
-        self._flush_ms += ms
-        self._flush_ms_max = max(self._flush_ms_max, ms)
+        self._drop_unreadable()  # a drive failing its fdatasync: gone before the stores are reported
+        for j in jobs:
+            if j.flush_failures != self._flush_failures:
+                # A flush failed since it wrote (this one or an earlier one): a later fsync that
+                # succeeds does not vouch for pages an earlier one failed to write back.
+                j.ok = [False] * len(j.keys)
+                j.written.clear()  # no 'stored' events
+            self._finish(j)
+        return True
+
+    def _flush_now(self) -> None:
+        """Flush and wait for it (after the one in flight, if any)."""
+        self._end_flush(wait=True)
+        self._start_flush()
+        self._end_flush(wait=True)
 
     def _finish(self, j: _Job) -> None:
         if j.internal:
