@@ -1,5 +1,8 @@
 """The store's queue depth per drive, chosen from its drives' devices when not configured."""
 
+import os
+import stat
+
 import pytest
 
 from kvswarm import KVStore
@@ -27,7 +30,16 @@ def test_directories_on_one_disk_share_its_hardware_queue(drive_dirs):
         assert store.queue_depth == 5
 
 
-def test_a_block_device_answers_for_itself_and_unknown_paths_fall_back(tmp_path):
+def test_a_block_device_node_answers_for_its_device(tmp_path):
+    """A drive given as a block device is looked up by the device it names (st_rdev), not by the file
+    system its node lives on: a node made for the device under tmp_path answers as tmp_path does."""
+    dev = os.stat(tmp_path).st_dev
+    node = tmp_path / "node"
+    os.mknod(node, stat.S_IFBLK | 0o600, dev)  # the tests run as root (loop devices, blkio caps)
+    assert block_device(str(node)) == block_device(str(tmp_path))
+
+
+def test_unknown_paths_fall_back(tmp_path):
     assert block_device(str(tmp_path / "missing")) is None
     assert device_queue_depth([str(tmp_path / "missing")]) == 32
     assert block_device("/proc") is None  # no block device under it
