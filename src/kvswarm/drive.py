@@ -114,13 +114,15 @@ def block_device(path: str) -> tuple[str, int] | None:
             return None
         if os.path.exists(os.path.join(base, "partition")):
             base = os.path.dirname(base)
-        tags = [int(open(f).read()) for f in glob.glob(os.path.join(base, "mq", "*", "nr_tags"))]
-        if tags:
-            return base, sum(tags)
-        with open(os.path.join(base, "queue", "nr_requests")) as f:
-            return base, int(f.read())
+        tags = [_read_int(f) for f in glob.glob(os.path.join(base, "mq", "*", "nr_tags"))]
+        return base, sum(tags) if tags else _read_int(os.path.join(base, "queue", "nr_requests"))
     except (OSError, ValueError):
         return None
+
+
+def _read_int(path: str) -> int:
+    with open(path) as f:
+        return int(f.read())
 
 
 def _open(path: str, flags: int) -> tuple[int, bool]:
