@@ -51,10 +51,14 @@ def overwrite():
 
 @pytest.fixture
 def drive_dirs(tmp_path):
-    """``drive_dirs(n)``: paths of ``n`` new, empty directory drives under the test's tmp_path."""
+    """``drive_dirs(n)``: paths of ``n`` new, empty directory drives under the test's tmp_path
+    (a later call's are new ones too)."""
+    made = 0
 
     def make(n: int) -> list[str]:
-        paths = [str(tmp_path / f"d{i}") for i in range(n)]
+        nonlocal made
+        paths = [str(tmp_path / f"d{i}") for i in range(made, made + n)]
+        made += n
         for p in paths:
             os.makedirs(p)
         return paths

@@ -113,6 +113,37 @@ def test_a_short_read_and_writes(files, tmp_path):
     io.close()
 
 
+@pytest.mark.parametrize("helper", ["1", "0"])
+def test_writes_complete_while_the_caller_does_not_poll(files, monkeypatch, helper):
+    """Where a core is spare a thread of its own drives the writes' ring: a write batch deeper than
+    the drives' depth completes while the caller is busy elsewhere (no poll); without one (one CPU,
+    KVSWARM_IO_HELPER=0) the caller's polls drive it.  Either way every byte lands."""
+    monkeypatch.setenv("KVSWARM_IO_HELPER", helper)
+    fds, _ = files
+    io, stats = _io(fds, depth=2)
+    pool = BufferPool(4 << 20)
+    arr = pool.array
+    n = 32
+    arr[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
+    w = io.submit(Op.WRITE, arr, np.arange(n, dtype=np.int64) % 2, np.arange(n, dtype=np.int64) // 2 * SZ,
+                  np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    driven = helper == "1" and (os.cpu_count() or 1) >= 2
+    deadline = time.monotonic() + 5
+    while not w.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.done == driven
+    io.wait(w)
+    assert (w.verdict == native.OK).all() and io.inflight() == 0
+    io.fold_stats()
+    assert stats[0].ops[1] + stats[1].ops[1] == n
+    for d in range(2):
+        os.fdatasync(fds[d])
+        with open(os.open(os.readlink(f"/proc/self/fd/{fds[d]}"), os.O_RDONLY), "rb") as f:
+            got = f.read(n // 2 * SZ)
+        assert got == b"".join(bytes(arr[i * SZ:(i + 1) * SZ]) for i in range(d, n, 2))
+    io.close()
+
+
 def test_reads_do_not_wait_for_ring_slots_held_by_writes(files):
     """A drive's depth bounds its reads and its writes apart: with the depth taken by a write batch
     still in flight, a read batch queued after it goes into the ring at once, and both complete."""
@@ -124,6 +155,9 @@ def test_reads_do_not_wait_for_ring_slots_held_by_writes(files):
     arr[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
     w = io.submit(Op.WRITE, arr, np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * SZ + 64 * SZ,
                   np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    deadline = time.monotonic() + 5
+    while io.busy(0, Op.WRITE) < 2 and time.monotonic() < deadline:  # the writes' driver thread fills its ring
+        time.sleep(0.001)
     assert io.busy(0, Op.WRITE) == 2 and io.busy(0, Op.READ) == 0
     d, off, ln, at, want, poff, plen, sums = _reads(data, [0, 0], [3, 5])
     r = io.submit(Op.READ, arr, d, off, ln, at + n * SZ, want, poff, plen, sums)

@@ -901,10 +901,10 @@ def test_a_get_whose_reads_cannot_be_confirmed_back_keeps_its_buffers_until_they
         io = _io_of(s)
         poll, wait = io.poll, io.wait
 
-        def broken_poll(timeout=0.0):
+        def broken_poll(*args, **kw):
             if broken[0]:
                 raise OSError(5, "engine broken")
-            return poll(timeout)
+            return poll(*args, **kw)
 
         def broken_wait(batch):
             if broken[0]:

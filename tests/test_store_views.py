@@ -10,7 +10,7 @@ from kvswarm.buffers import BufferPoolExhausted
 from kvswarm.catalog import Extent
 from kvswarm.format import HEADER_SIZE, key_digest
 from kvswarm.io.throttle import DriveCaps, DrivePacer, ThrottledEngine
-from kvswarm.store import KVStore, ReadShape
+from kvswarm.store import KVStore, BatchShape
 
 MiB = 1 << 20
 
@@ -109,7 +109,22 @@ def test_read_shape_keeps_every_drive_busy_within_the_pool(drive_dirs):
             assert sh.keys * sh.inflight * size <= 32 << 20
             assert sh.keys * sh.inflight >= 4 * 4 * 32 or (sh.inflight + 1) * sh.keys * size > 32 << 20
             assert sh.inflight >= 4 or (sh.inflight + 1) * sh.keys * size > 32 << 20
-        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 8)
+        assert s.read_shape(s.object_bytes(65472)) == BatchShape(64, 8)
         s.fail_drive(0)
-        assert s.read_shape(s.object_bytes(65472)) == ReadShape(64, 6)  # three drives to keep busy
-        assert s.read_shape(4 << 20) == ReadShape(4, 2)  # four extents each: the pool bounds it
+        assert s.read_shape(s.object_bytes(65472)) == BatchShape(64, 6)  # three drives to keep busy
+        assert s.read_shape(4 << 20) == BatchShape(4, 2)  # four extents each: the pool bounds it
+
+
+def test_write_shape_covers_the_drives_depth_within_the_pool(drive_dirs):
+    """Put batches of up to 8 MiB and 2048 keys; small objects take four of them, large ones enough
+    to fill every drive's depth once, all within half the buffer pool."""
+    with _open(drive_dirs(4), queue_depth=32, buffer_pool_bytes=256 << 20) as s:
+        for size in (4096, 16384, 65536, 1 << 20):
+            sh = s.write_shape(s.object_bytes(size - 64))
+            assert sh.keys == min(2048, (8 << 20) // size) and sh.keys * sh.inflight * size <= 128 << 20
+        assert s.write_shape(s.object_bytes(4032)) == BatchShape(2048, 4)
+        assert s.write_shape(s.object_bytes((1 << 20) - 64)) == BatchShape(8, 16)  # 4 drives x 32 extents
+        s.fail_drive(0)
+        assert s.write_shape(s.object_bytes((1 << 20) - 64)) == BatchShape(8, 12)  # three drives to fill
+    with _open(drive_dirs(4), queue_depth=64, buffer_pool_bytes=256 << 20) as s:
+        assert s.write_shape(s.object_bytes((1 << 20) - 64)) == BatchShape(8, 16)  # the pool's half bounds it

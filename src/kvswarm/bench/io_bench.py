@@ -22,9 +22,11 @@ the raw baseline counts every byte it reads, so the ratio slightly favours raw (
 1.6% at 4 KiB).  CPU: ``cpu_ratio_*`` is the store's CPU seconds per GB over raw's (per
 path: ``cpu_ratio_<path>_*``); ``native_vs_python_*`` (and ``_cpu_*``) compare the native path
 with the best Python engine in the same run.  Writes, durable on both sides: raw O_DIRECT
-pwritev/io_uring into free space of the same drives, fdatasync'd at the end of each sample, vs
-``submit_put`` of the whole data set plus ``flush()`` (fdatasync, then the catalog's journal), on
-the last read path's store (native where it is available).  Before any write is timed every block
+pwritev (16 threads) and io_uring (32 deep, and as deep as the store's rings go: its queue depth on
+every drive) into free space of the same drives, fdatasync'd at the end of each sample, vs
+``submit_put`` of the whole data set in the store's own shape (``KVStore.write_shape``) plus
+``flush()`` (fdatasync, then the catalog's journal), on the last read path's store (native where it
+is available).  Before any write is timed every block
 of the drives is written once (preconditioned, see ``_precondition``): the raw samples rewrite their
 region, and the store's data set then also lands in written blocks.  Catalog reopen time is
 measured for 100k and 1M objects.
@@ -227,6 +229,7 @@ class Drives:
                           checkpoint_every=10**9, single_thread_io=True, wrap_engine=self.testbed.wrap_engine,
                           native_io=native)
         store = KVStore(cfg)
+        store.warm_buffers()  # untimed, as the raw loops fault their buffers in before their timers
         if native and store.native is None:
             store.close()
             raise KVSwarmError("bench io: the native read path is not available here (kvswarm.io._batchio not "
@@ -242,15 +245,16 @@ class Drives:
 
 
 # ---- the store's side -------------------------------------------------------------------------
-def store_write(store: KVStore, keys: Sequence[bytes], payload: int, rng: random.Random,
-                batch_bytes: int = 8 * MiB, inflight: int = 4) -> Sample:
-    """Put every key (distinct random payloads) with several batches in flight, then flush.
+def store_write(store: KVStore, keys: Sequence[bytes], payload: int, rng: random.Random) -> Sample:
+    """Put every key (distinct random payloads) in the store's own batch shape
+    (:meth:`KVStore.write_shape`), then flush.
 
     The batches' (key, payload) items are made before the clock starts, as the raw writes' list of
     extents is: the timer measures the store, not the making of the data set."""
     pool = os.urandom(8 * MiB + payload)
     pv = memoryview(pool)
-    batch = max(1, batch_bytes // max(payload, 4096))
+    shape = store.write_shape(store.object_bytes(payload))
+    batch, inflight = shape.keys, shape.inflight
     at = [rng.randrange(8 * MiB // 64) * 64 for _ in keys]
     batches = [[(k, pv[o:o + payload]) for k, o in zip(keys[i:i + batch], at[i:i + batch])]
                for i in range(0, len(keys), batch)]
@@ -268,7 +272,8 @@ def store_write(store: KVStore, keys: Sequence[bytes], payload: int, rng: random
     if ok != len(keys):
         raise RuntimeError(f"store write: only {ok} of {len(keys)} puts succeeded")
     nbytes = len(keys) * payload
-    return Sample(nbytes / el / 1e9, len(keys) / el, cpu / (nbytes / 1e9), "submit_put+flush")
+    return Sample(nbytes / el / 1e9, len(keys) / el, cpu / (nbytes / 1e9),
+                  f"submit_put {batch} keys x {inflight} in flight + flush")
 
 
 def store_read(store: KVStore, keys: Sequence[bytes], payload: int, batch: int, inflight: int,
@@ -412,9 +417,10 @@ def bench(args: argparse.Namespace, console) -> dict:
                 region = [(d, top + j * size) for j in range(raw_write_region // size) for d in range(ndrives)]
                 ws = [run_threads(wfds, region, size, Op.WRITE, 16, seconds, drives.models)]
                 ws[-1].seconds += _sync(wfds)  # durable, as the store's flush makes its writes
-                if use_uring:
-                    ws.append(run_uring(wfds, region, size, Op.WRITE, 32, seconds, drives.models))
-                    ws[-1].seconds += _sync(wfds)
+                if use_uring:  # 32 deep, and as deep as the store's rings go (its depth on every drive)
+                    for depth in sorted({32, ndrives * store.queue_depth}):
+                        ws.append(run_uring(wfds, region, size, Op.WRITE, depth, seconds, drives.models))
+                        ws[-1].seconds += _sync(wfds)
                 run.raw_write = _from_raw(max(ws, key=lambda r: r.gbps))
                 with console.status(f"writing {n} x {_fmt_size(size)} objects through the store"):
                     run.store_write = store_write(store, run.keys, payload, rng)

@@ -10,7 +10,9 @@
  * per extent says which check failed.  The caller's thread drives the ring (no wake-up per batch);
  * several threads may share it (each wait is a bounded slice: a completion one thread is waiting for
  * may be taken in by another).  A helper thread verifies half of a pass's extents when the pass took
- * in many payload bytes (see "a second core").
+ * in many payload bytes (see "a second core").  A ring made with driven=True is the exception: a
+ * thread of its own submits and reaps it, and callers only queue batches and wait for them (see "a
+ * driven ring": the store's writes, whose submission would otherwise stall the caller's packing).
  *
  * The ring is set up with raw system calls (io_uring_setup/enter and mmap): no liburing to install.
  * Kernels before 5.11 (no IORING_FEAT_EXT_ARG, needed for timed waits) and processes io_uring is
@@ -72,6 +74,12 @@ typedef struct {
     int64_t bounds_ns[MAX_BUCKETS];
     pthread_mutex_t mu;
     struct Helper *helper;     /* verifies half of a large pass, where a core is spare (or NULL) */
+    int driven;                /* its driver thread alone submits and reaps (see "a driven ring") */
+    int stop;                  /* the driver thread is to return */
+    pid_t pid;                 /* the process whose driver thread it is */
+    pthread_t driver;
+    pthread_cond_t work_cv;    /* the driver: a batch queued, or stop */
+    pthread_cond_t done_cv;    /* callers: a job finished */
 } Ring;
 
 struct Job {
@@ -175,8 +183,9 @@ static void job_count(Job *j, Py_ssize_t k) {
     r->done_head = j;
     r->slots[j->slot] = NULL;
     r->used_slots--;
-    pthread_mutex_unlock(&r->mu);
     __atomic_store_n(&j->state, 1, __ATOMIC_RELEASE);
+    if (r->driven) pthread_cond_broadcast(&r->done_cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* ---- the ring -------------------------------------------------------------------------------- */
@@ -480,6 +489,68 @@ static PyObject *collect(Ring *r) {
     return out;
 }
 
+/* ---- a driven ring ---------------------------------------------------------------------------
+ * Submitting a batch does the block layer's work per I/O (as much CPU as raw's whole write loop), and
+ * a caller-driven ring refills only when its caller comes back to reap: a caller packing its next put
+ * batch left the drives idle once the ring's depth was written (at 4 KiB, half a millisecond), and the
+ * store wrote at about half of raw's rate.  A driven ring has a thread of its own that alone submits
+ * and reaps it, so that the completions (io_uring runs them in the submitter's context, with
+ * COOP_TASKRUN when it next enters the kernel) are always taken in; callers queue batches and wait
+ * for jobs on a condition variable.  Started only where a helper may run (two CPUs or more, and not
+ * KVSWARM_IO_HELPER=0); otherwise, and in a forked child, callers drive it as any ring. */
+#define DRIVER_SLICE_NS 1000000LL /* its waits: a batch queued while I/O is in flight waits at most this */
+
+static int ring_driven(Ring *r) { return r->driven && r->pid == getpid(); }
+
+static void *driver_main(void *arg) {
+    Ring *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->stop && r->queued == 0) pthread_cond_wait(&r->work_cv, &r->mu);
+        if (r->queued == 0) break; /* stopped, with nothing in flight */
+        pthread_mutex_unlock(&r->mu);
+        if (reap_pass(r, DRIVER_SLICE_NS) < 0) { /* retried: the jobs stay queued */
+            struct timespec pause = {0, 1000000};
+            nanosleep(&pause, NULL);
+        }
+        pthread_mutex_lock(&r->mu);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void driver_start(Ring *r) {
+    const char *env = getenv("KVSWARM_IO_HELPER");
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || (env != NULL && strcmp(env, "0") == 0)) return;
+    r->pid = getpid();
+    r->stop = 0;
+    r->driven = pthread_create(&r->driver, NULL, driver_main, r) == 0;
+}
+
+/* After every I/O is back (ring_drain). */
+static void driver_stop(Ring *r) {
+    if (!ring_driven(r)) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->work_cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(r->driver, NULL);
+    r->driven = 0;
+}
+
+/* Wait (GIL released, the lock held) until a job has finished, nothing is in flight, or timeout_ns
+ * have passed (< 0: one slice). */
+static void wait_done(Ring *r, long long timeout_ns) {
+    if (timeout_ns == 0) return;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    long long ns = until.tv_nsec + (timeout_ns < 0 ? WAIT_SLICE_NS : timeout_ns);
+    until.tv_sec += ns / 1000000000LL;
+    until.tv_nsec = ns % 1000000000LL;
+    while (r->done_head == NULL && r->queued > 0)
+        if (pthread_cond_timedwait(&r->done_cv, &r->mu, &until) == ETIMEDOUT) break;
+}
+
 static void ring_unmap(Ring *r) {
     if (r->sqes != NULL && r->sqes != MAP_FAILED) munmap(r->sqes, r->sqes_len);
     if (r->cq_map != NULL && r->cq_map != MAP_FAILED && r->cq_map != r->sq_map) munmap(r->cq_map, r->cq_len);
@@ -491,10 +562,10 @@ static void ring_unmap(Ring *r) {
 }
 
 static int ring_init(Ring *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"entries", "depth", "single_thread", NULL};
+    static char *names[] = {"entries", "depth", "single_thread", "driven", NULL};
     unsigned entries = 1024;
-    int depth = 32, single = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Iip", names, &entries, &depth, &single)) return -1;
+    int depth = 32, single = 0, driven = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Iipp", names, &entries, &depth, &single, &driven)) return -1;
     if (depth < 1) {
         PyErr_SetString(PyExc_ValueError, "depth must be at least 1");
         return -1;
@@ -506,6 +577,12 @@ static int ring_init(Ring *self, PyObject *args, PyObject *kw) {
     self->acc = PyMem_Calloc(MAX_DRIVES * 2, sizeof(Acc));
     if (self->slots == NULL || self->acc == NULL) { PyErr_NoMemory(); return -1; }
     pthread_mutex_init(&self->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&self->done_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&self->work_cv, NULL);
     struct io_uring_params p;
     memset(&p, 0, sizeof(p));
     p.flags = IORING_SETUP_CQSIZE;
@@ -555,6 +632,7 @@ static int ring_init(Ring *self, PyObject *args, PyObject *kw) {
     self->sq_entries = p.sq_entries;
     self->cq_entries = p.cq_entries;
     self->helper = helper_start();
+    if (driven) driver_start(self);
     return 0;
 fail:
     PyErr_SetFromErrno(PyExc_OSError);
@@ -574,6 +652,10 @@ static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 static void ring_drain(Ring *r) {
     if (r->fd < 0) return;
     Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->mu);
+    while (ring_driven(r) && r->queued > 0) wait_done(r, -1);
+    pthread_mutex_unlock(&r->mu);
+    driver_stop(r);
     for (;;) {
         pthread_mutex_lock(&r->mu);
         long long q = r->queued;
@@ -597,7 +679,11 @@ static void ring_dealloc(Ring *r) {
     }
     helper_stop(r->helper);
     r->helper = NULL;
-    if (r->slots != NULL) pthread_mutex_destroy(&r->mu);
+    if (r->slots != NULL) {
+        pthread_mutex_destroy(&r->mu);
+        pthread_cond_destroy(&r->work_cv);
+        pthread_cond_destroy(&r->done_cv);
+    }
     PyMem_Free(r->slots);
     PyMem_Free(r->acc);
     Py_TYPE(r)->tp_free((PyObject *)r);
@@ -717,6 +803,11 @@ static PyObject *ring_submit(Ring *r, PyObject *args, PyObject *kw) {
     r->queued += n;
     if (r->pend_tail != NULL) r->pend_tail->next_pend = j; else r->pend_head = j;
     r->pend_tail = j;
+    if (ring_driven(r)) {
+        pthread_cond_signal(&r->work_cv);
+        pthread_mutex_unlock(&r->mu);
+        return (PyObject *)j;
+    }
     Py_BEGIN_ALLOW_THREADS /* the submission itself does the block layer's work per I/O */
     fill(r, failed, fidx, &nf, HARVEST);
     rc = flush_sq(r);
@@ -745,6 +836,14 @@ static PyObject *ring_reap(Ring *r, PyObject *args) {
         t = s <= 0 ? 0 : (long long)(s * 1e9);
     }
     if (r->fd < 0) return PyList_New(0);
+    if (ring_driven(r)) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&r->mu);
+        wait_done(r, t);
+        pthread_mutex_unlock(&r->mu);
+        Py_END_ALLOW_THREADS
+        return collect(r);
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = reap_pass(r, t);
@@ -880,7 +979,8 @@ static PyTypeObject RingType = {
     .tp_name = "kvswarm.io._batchio.Ring",
     .tp_basicsize = sizeof(Ring),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ring(entries=1024, depth=32, single_thread=False): an io_uring for whole batches (see submit)",
+    .tp_doc = "Ring(entries=1024, depth=32, single_thread=False, driven=False): an io_uring for whole batches (see\n"
+              "submit); driven: a thread of its own submits and reaps, reap() only waits for finished jobs",
     .tp_new = ring_new,
     .tp_init = (initproc)ring_init,
     .tp_dealloc = (destructor)ring_dealloc,

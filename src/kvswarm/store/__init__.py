@@ -9,16 +9,16 @@ from kvswarm.store.runs import Bufs, Runs
 from kvswarm.store.store import (
     MANIFEST,
     WRITER_LOCK,
+    BatchShape,
     DriveHealth,
     GetHandle,
     GetResult,
     KVStore,
     NativeGetHandle,
     PutHandle,
-    ReadShape,
     write_manifest,
 )
 from kvswarm.store.verify import verify_submit
 
-__all__ = ["MANIFEST", "WRITER_LOCK", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "NativeGetHandle",
-           "PutHandle", "ReadShape", "Runs", "StoreConfig", "verify_submit", "write_manifest"]
+__all__ = ["MANIFEST", "WRITER_LOCK", "BatchShape", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "NativeGetHandle",
+           "PutHandle", "Runs", "StoreConfig", "verify_submit", "write_manifest"]

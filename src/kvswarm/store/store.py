@@ -92,9 +92,10 @@ def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stri
 
 
 @dataclass(frozen=True)
-class ReadShape:
-    """How a caller should cut a stream of reads (:meth:`KVStore.read_shape`): ``keys`` per
-    submit_get batch, ``inflight`` batches outstanding."""
+class BatchShape:
+    """How a caller should cut a stream of reads or writes (:meth:`KVStore.read_shape`,
+    :meth:`KVStore.write_shape`): ``keys`` per submit_get / submit_put batch, ``inflight`` batches
+    outstanding."""
 
     keys: int
     inflight: int
@@ -1544,7 +1545,7 @@ class KVStore:
         """Bytes of the largest lease the buffer pool grants now (one free run of it)."""
         return self.pool.largest_free
 
-    def read_shape(self, object_bytes: int) -> ReadShape:
+    def read_shape(self, object_bytes: int) -> BatchShape:
         """The batch shape that keeps this store's drives busy for reads of objects taking
         ``object_bytes`` each (:meth:`object_bytes`): four times every healthy drive's queue depth
         of extents outstanding, in at least four batches, so that while the caller finishes one
@@ -1553,18 +1554,33 @@ class KVStore:
         raw's rate against 0.9-1.0 with four batches, 16 KiB 0.80 against 0.89-0.93).  Batches of
         at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys) but at least 4 keys
         (one submission per few large objects), all within half the buffer pool."""
+        return self._shape(object_bytes, 4 << 20, 4, 256)
+
+    def write_shape(self, object_bytes: int) -> BatchShape:
+        """The batch shape for a stream of puts of objects taking ``object_bytes`` each: batches of
+        up to 8 MiB and 2048 keys (a put batch also allocates, packs and journals its objects, a
+        larger fixed cost to share), at least four of them in flight and enough to fill every
+        healthy drive's queue depth once, all within half the buffer pool.  Once; not four times
+        as for reads: a put's bytes are packed before it is submitted, so queued batches have no
+        refill gap to cover, and more bytes in flight only queue in the store (1 MiB objects over
+        four directories, 8 MiB batches, against raw io_uring writes at depth 32 and 128, all
+        fdatasync'd: 4 in flight 0.81 of raw's rate, 16 (the drives' depth) 0.92-1.07, 32 0.87-0.94)."""
+        return self._shape(object_bytes, 8 << 20, 1, 2048, cover=1)
+
+    def _shape(self, object_bytes: int, batch_bytes: int, min_keys: int, max_keys: int,
+               cover: int = 4) -> BatchShape:
         size = max(ALIGN, object_bytes)
         extents = max(1, -(-size // self.config.stripe_unit))
-        keys = max(4, min(256, (4 << 20) // size))
+        keys = max(min_keys, min(max_keys, batch_bytes // size))
         healthy = sum(d.healthy for d in self.drives) or 1
-        want = 4 * healthy * self.queue_depth
+        want = cover * healthy * self.queue_depth
         inflight = max(4, -(-want // (keys * extents)))
         room = self.config.buffer_pool_bytes // 2
         while inflight > 2 and keys * inflight * size > room:
             inflight -= 1
         while keys > 1 and keys * inflight * size > room:
             keys //= 2
-        return ReadShape(keys, inflight)
+        return BatchShape(keys, inflight)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
         """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,
