@@ -113,6 +113,16 @@ def test_a_short_read_and_writes(files, tmp_path):
     io.close()
 
 
+def _random_writes(io, drive, offset):
+    """A write batch of random SZ extents to ``drive[i]`` at ``offset[i]``, from a new buffer pool's
+    first ``len(drive)`` extents; (the batch, the pool: its array holds what was written)."""
+    n = len(drive)
+    pool = BufferPool(4 << 20)
+    pool.array[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
+    return io.submit(Op.WRITE, pool.array, drive, offset, np.full(n, SZ, np.int64),
+                     np.arange(n, dtype=np.int64) * SZ), pool
+
+
 @pytest.mark.parametrize("helper", ["1", "0"])
 def test_writes_complete_while_the_caller_does_not_poll(files, monkeypatch, helper):
     """Where a core is spare a thread of its own drives the writes' ring: a write batch deeper than
@@ -121,12 +131,9 @@ def test_writes_complete_while_the_caller_does_not_poll(files, monkeypatch, help
     monkeypatch.setenv("KVSWARM_IO_HELPER", helper)
     fds, _ = files
     io, stats = _io(fds, depth=2)
-    pool = BufferPool(4 << 20)
-    arr = pool.array
     n = 32
-    arr[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
-    w = io.submit(Op.WRITE, arr, np.arange(n, dtype=np.int64) % 2, np.arange(n, dtype=np.int64) // 2 * SZ,
-                  np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    w, pool = _random_writes(io, np.arange(n, dtype=np.int64) % 2, np.arange(n, dtype=np.int64) // 2 * SZ)
+    arr = pool.array
     driven = helper == "1" and (os.cpu_count() or 1) >= 2
     deadline = time.monotonic() + 5
     while not w.done and time.monotonic() < deadline:
@@ -149,12 +156,9 @@ def test_reads_do_not_wait_for_ring_slots_held_by_writes(files):
     still in flight, a read batch queued after it goes into the ring at once, and both complete."""
     fds, data = files
     io, _ = _io(fds, depth=2)
-    pool = BufferPool(4 << 20)
-    arr = pool.array
     n = 16
-    arr[:n * SZ] = np.frombuffer(os.urandom(n * SZ), np.uint8)
-    w = io.submit(Op.WRITE, arr, np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * SZ + 64 * SZ,
-                  np.full(n, SZ, np.int64), np.arange(n, dtype=np.int64) * SZ)
+    w, pool = _random_writes(io, np.zeros(n, np.int64), np.arange(n, dtype=np.int64) * SZ + 64 * SZ)
+    arr = pool.array
     deadline = time.monotonic() + 5
     while io.busy(0, Op.WRITE) < 2 and time.monotonic() < deadline:  # the writes' driver thread fills its ring
         time.sleep(0.001)
