@@ -13,7 +13,7 @@ ready() {
     [ -x "$PY" ] && "$PY" - "$LMCACHE_VERSION" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
 assert md.version("lmcache") == sys.argv[1], "lmcache"
-import kvswarm, pytest  # noqa: F401
+import blosc2, kvswarm, pytest  # noqa: F401
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface  # noqa: F401
 from lmcache.v1.storage_backend.storage_manager import StorageManager  # noqa: F401
 PY

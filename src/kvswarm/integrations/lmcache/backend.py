@@ -16,6 +16,12 @@ is stored survives a crash.  Reads land in memory objects from LMCache's CPU all
 by the store's checksums, then copied there by its native worker (or read there with O_DIRECT and
 verified in place when the buffer is 4 KiB-aligned).  A corrupt, torn or unreadable chunk is a
 miss and is deleted, so LMCache recomputes it; a failed drive's chunks stop being found.
+
+With ``compression: zstd`` each chunk is stored as a frame of :mod:`kvswarm.codec` (Blosc2's byte
+shuffle and zstd), for tiers whose drives, not the CPU, bind: the writer thread encodes, and a read
+goes through the store's buffer pool (the stored length is the frame's, not the chunk's) and is
+decoded straight into the memory object it then allocates.  The codec is part of the key's layout,
+so a process configured otherwise misses on these chunks rather than misreading them.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvswarm.buffers import BufferPoolExhausted
+from kvswarm.codec import Codec, Compression
 from kvswarm.errors import FlushError, KVSwarmError
 from kvswarm.format import ALIGN, extent_size, key_digest
 from kvswarm.integrations.keys import KeySpace, layout_dtype
@@ -83,12 +90,13 @@ def _geometry(metadata: Any) -> ChunkGeometry:
                          token_bytes, metadata.chunk_size)
 
 
-def _layout(metadata: Any, geometry: ChunkGeometry) -> KVLayout:
-    """The layout whose fingerprint keys this worker's chunks: model, rank, KV shape, dtypes, format."""
+def _layout(metadata: Any, geometry: ChunkGeometry, codec: Codec | None = None) -> KVLayout:
+    """The layout whose fingerprint keys this worker's chunks: model, rank, KV shape, dtypes, format,
+    and the codec chunks are stored with (none: the chunk's bytes)."""
     layers, _, chunk, heads, head_dim = metadata.kv_shape
     ident = (f"lmcache:{metadata.model_name}|rank={metadata.worker_id}/{metadata.world_size}|mla={metadata.use_mla}"
              f"|shapes={[tuple(s) for s in metadata.get_shapes()]}|dtypes={[str(d) for d in geometry.dtypes]}"
-             f"|fmt={geometry.fmt}")
+             f"|fmt={geometry.fmt}" + (f"|codec={codec.name}" if codec else ""))
     return KVLayout(num_layers=layers, num_kv_heads=heads, head_dim=head_dim,
                     dtype=layout_dtype(str(metadata.kv_dtype)), tokens_per_block=chunk, model_id=ident)
 
@@ -134,7 +142,9 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
             raise ValueError("kvswarm LMCache plugin: use_layerwise is not supported (whole chunks only)")
         self.settings = PluginSettings.from_extra_config(config.extra_config)
         self.geometry = _geometry(metadata)
-        self.keyspace = KeySpace.of("lmcache", _layout(metadata, self.geometry), self.settings.tenant)
+        self.codec = (Codec(typesize=self.geometry.dtypes[0].itemsize)
+                      if self.settings.compression == Compression.ZSTD.value else None)
+        self.keyspace = KeySpace.of("lmcache", _layout(metadata, self.geometry, self.codec), self.settings.tenant)
         paths = [os.path.join(d, store_dir(metadata)) for d in self.settings.drives]
         for p in paths:
             os.makedirs(p, exist_ok=True)
@@ -160,8 +170,8 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswarm-lmcache-get")
         self._closed = False
         self.counters = Counter()
-        log.info("kvswarm LMCache plugin: %d drives, %d chunks stored, %s stores", len(paths), len(self.store),
-                 "durable" if s.durable else "unflushed")
+        log.info("kvswarm LMCache plugin: %d drives, %d chunks stored, %s stores, %s", len(paths), len(self.store),
+                 "durable" if s.durable else "unflushed", self.codec.name if self.codec else "uncompressed")
 
     def __str__(self) -> str:
         return "KVSwarmLMCacheBackend"
@@ -286,8 +296,9 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         ok = [False] * len(items)
         try:
             if time.monotonic() < self._deadline:
-                self._batches([self.store.object_bytes(obj.get_size()) for _, _, obj in items],
-                              lambda a, b: self.store.submit_put([(sk, _buffer(obj)) for _, sk, obj in items[a:b]]),
+                self._batches([self.store.object_bytes(self.codec.max_frame_bytes(obj.get_size()) if self.codec
+                                                       else obj.get_size()) for _, _, obj in items],
+                              lambda a, b: self.store.submit_put([(sk, self._payload(obj)) for _, sk, obj in items[a:b]]),
                               lambda a, b, h: ok.__setitem__(slice(a, b), h.wait()))
                 if self.settings.durable and any(ok):
                     self._make_durable(items, ok)
@@ -312,6 +323,14 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         except Exception:
                             log.exception("kvswarm LMCache plugin: on_complete_callback failed for %s", key)
             j.future.set_result(res)
+
+    def _payload(self, obj: MemoryObj):
+        """What the store keeps of a chunk: its bytes, or their frame when compressing."""
+        data = _buffer(obj)
+        payload = self.codec.encode(data) if self.codec else data
+        self.counters["chunk_bytes_written"] += len(data)
+        self.counters["stored_bytes_written"] += len(payload)
+        return payload
 
     def _make_durable(self, items: list, ok: list[bool]) -> None:
         """Flush what was written; a chunk the flush did not make durable (its drive failed, or the
@@ -395,6 +414,8 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         """Read ``keys`` into memory objects of LMCache's CPU allocator; None per miss.  A chunk that
         reads back corrupt or not at all is deleted: a miss now and at the next lookup."""
         self._check_drives()
+        if self.codec is not None:
+            return self._read_frames(keys, busy_loop)
         out: list[MemoryObj | None] = [None] * len(keys)
         want: list[tuple[int, bytes, MemoryObj]] = []
         for i, k in enumerate(keys):
@@ -437,6 +458,58 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
             for (_, _, obj), done in zip(want, settled):
                 if not done:
                     obj.ref_count_down()
+        hits = sum(o is not None for o in out)
+        self.counters["hits"] += hits
+        self.counters["misses"] += len(keys) - hits
+        return out
+
+    def _read_frames(self, keys: list[CacheEngineKey], busy_loop: bool) -> list[MemoryObj | None]:
+        """:meth:`_read` of chunks stored as frames: each is read into the store's pool and verified
+        there, then its memory object is allocated (its length is in the frame's header) and the frame
+        decoded into it.  A frame that does not decode to a chunk of this geometry is deleted too."""
+        out: list[MemoryObj | None] = [None] * len(keys)
+        want = [(i, sk, n) for i, k in enumerate(keys) if (n := self.store.length(sk := self._key(k))) is not None]
+        full = False
+
+        def drop(sk: bytes) -> None:
+            self.counters["corrupt_or_unreadable"] += 1
+            self.store.delete(sk)
+
+        def finish(a: int, b: int, handle) -> None:
+            nonlocal full
+            with handle.wait() as res:
+                bad = set(res.failed)
+                for j, view in enumerate(res.views):
+                    i, sk, _ = want[a + j]
+                    if view is None:
+                        if j in bad:
+                            drop(sk)
+                        continue
+                    length = Codec.decoded_length(view)
+                    tokens = None if length is None else self.geometry.tokens(length)
+                    if tokens is None:
+                        drop(sk)
+                        continue
+                    obj = None if full else self.local_cpu_backend.allocate(
+                        self.geometry.shapes_of(tokens), self.geometry.dtypes, self.geometry.fmt, busy_loop=busy_loop)
+                    if obj is None:
+                        if not full:
+                            log.warning("kvswarm LMCache plugin: LMCache's CPU allocator is full: chunks not read")
+                        full = True
+                        continue
+                    if self.codec.decode_into(view, _buffer(obj)):
+                        out[i] = obj
+                    else:
+                        obj.ref_count_down()
+                        drop(sk)
+
+        try:
+            self._batches([self.store.object_bytes(n) for _, _, n in want],
+                          lambda a, b: self.store.submit_get([sk for _, sk, _ in want[a:b]]),
+                          finish, per_batch=self.store.num_drives, in_flight=READS_IN_FLIGHT,
+                          reads_back=self._reads_back)
+        except Exception:  # the chunks not decoded are misses
+            log.exception("kvswarm LMCache plugin: a read of %d chunks failed", len(want))
         hits = sum(o is not None for o in out)
         self.counters["hits"] += hits
         self.counters["misses"] += len(keys) - hits
