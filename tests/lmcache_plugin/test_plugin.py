@@ -241,6 +241,7 @@ def test_close_returns_within_its_bound_when_the_drives_hang(drives, monkeypatch
 
 
 def test_bad_configuration_is_refused_with_a_clear_error(tmp_path):
+    from kvswarm.codec import Compression
     from kvswarm.integrations.lmcache.settings import PluginSettings
 
     with pytest.raises(ValueError, match="drives"):
@@ -248,6 +249,10 @@ def test_bad_configuration_is_refused_with_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="queue_depth"):
         PluginSettings.from_extra_config({"storage_plugin.kvswarm.drives": str(tmp_path),
                                           "storage_plugin.kvswarm.queue_depth": 0})
+    with pytest.raises(ValueError, match="compression must be one of"):
+        PluginSettings.from_extra_config({"storage_plugin.kvswarm.drives": str(tmp_path),
+                                          "storage_plugin.kvswarm.compression": "gzip"})
     s = PluginSettings.from_extra_config({"storage_plugin.kvswarm.drives": "/a, /b",
-                                          "storage_plugin.kvswarm.durable": "false"})
-    assert s.drives == ("/a", "/b") and not s.durable
+                                          "storage_plugin.kvswarm.durable": "false",
+                                          "storage_plugin.kvswarm.compression": "ZSTD"})
+    assert s.drives == ("/a", "/b") and not s.durable and s.compression is Compression.ZSTD

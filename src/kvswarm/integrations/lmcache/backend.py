@@ -143,7 +143,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         self.settings = PluginSettings.from_extra_config(config.extra_config)
         self.geometry = _geometry(metadata)
         self.codec = (Codec(typesize=self.geometry.dtypes[0].itemsize)
-                      if self.settings.compression == Compression.ZSTD.value else None)
+                      if self.settings.compression is Compression.ZSTD else None)
         self.keyspace = KeySpace.of("lmcache", _layout(metadata, self.geometry, self.codec), self.settings.tenant)
         paths = [os.path.join(d, store_dir(metadata)) for d in self.settings.drives]
         for p in paths:

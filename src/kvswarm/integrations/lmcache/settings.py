@@ -38,7 +38,7 @@ class PluginSettings:
     queue_depth: int = 32  # per drive
     buffer_pool_bytes: int = 256 * MiB  # the store's aligned staging buffers (writes, unaligned reads)
     close_timeout: float = 10.0  # close() returns within this many seconds, whatever the drives do
-    compression: str = "none"  # "zstd": chunks stored as Blosc2 frames (kvswarm.codec), for drive-bound tiers
+    compression: Compression = Compression.NONE  # ZSTD: chunks stored as Blosc2 frames (kvswarm.codec), for drive-bound tiers
 
     @classmethod
     def from_extra_config(cls, extra: dict | None) -> PluginSettings:
@@ -57,7 +57,7 @@ class PluginSettings:
                 queue_depth=int(get("queue_depth", cls.queue_depth)),
                 buffer_pool_bytes=int(get("buffer_pool_bytes", cls.buffer_pool_bytes)),
                 close_timeout=float(get("close_timeout", cls.close_timeout)),
-                compression=Compression.parse(get("compression", cls.compression)).value)
+                compression=Compression.parse(get("compression", cls.compression.value)))
         for name in ("capacity_per_drive", "queue_depth", "buffer_pool_bytes", "close_timeout"):
             if getattr(s, name) <= 0:
                 raise ValueError(f"kvswarm LMCache plugin: {PREFIX}{name} must be positive, not {getattr(s, name)}")
