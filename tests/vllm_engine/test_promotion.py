@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 
 import numpy as np
@@ -176,7 +177,7 @@ def test_a_corrupt_chunk_is_a_miss_within_its_lookup(drives):
         m.shutdown()
 
 
-def test_a_lookup_does_not_wait_for_loads_that_would_outlast_its_bound(drives):
+def test_a_lookup_does_not_wait_for_loads_that_would_outlast_its_bound(drives, monkeypatch):
     """Once a load has been timed, a promotion whose bytes would take longer than ``inline_wait_s`` at
     the measured rate is not waited for (here 1 us, below any read): HIT_PENDING at once, completed at
     a later step as vLLM does, bytes intact."""
@@ -185,11 +186,18 @@ def test_a_lookup_does_not_wait_for_loads_that_would_outlast_its_bound(drives):
     tier = m.secondary_tiers[0]
     try:
         data = store(m, keys)
+        # Each load is held at its read until its lookup has answered: a thread switch on a busy machine
+        # could otherwise let a load finish before a 1 us wait starts, and the lookup then rightly says HIT.
+        gate = threading.Event()
+        submit_get = tier.store.submit_get
+        monkeypatch.setattr(tier.store, "submit_get", lambda *a, **kw: gate.wait(30) and submit_get(*a, **kw))
         ctx = ReqContext(req_id="reader")
         m.on_new_request(ctx)
         got = []
         for k in keys:
+            gate.clear()
             assert m.lookup(k, ctx) is LookupResult.HIT_PENDING
+            gate.set()
             tier.drain_jobs()
             m.on_schedule_end(END)  # the promotion's completion
             assert m.lookup(k, ctx) is LookupResult.HIT
