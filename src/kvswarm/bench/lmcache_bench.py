@@ -10,7 +10,8 @@ Llama-3-8B's KV geometry (bf16), 1 GiB of each per case (512 MiB with --quick: 1
 four per drive), and their bytes are real KV: windows, one per chunk at its own offset, of the KV
 SmolLM2 computes over 4,096 tokens of English text (bf16, in LMCache's [2, layers, tokens, hidden]
 order; made once and cached).  Llama-3-8B's chunks hold SmolLM2's values too (no Llama weights
-here): the same bytes for both sides, which matters to the compressing case alone.  Every timed phase starts with the throttle's idle credit drained.  Per round, each
+here): the same bytes for both sides, which matters to the compressing case alone.  Every timed
+phase starts with the throttle's idle credit drained.  Per round, each
 case's back end stores the chunks (timed alone), then each case's retrieve is timed in units of
 back-to-back passes over every stored chunk, as many passes as last ``--window`` seconds at the
 drives' caps (5: one 100 ms throttle slice, the drain's granularity, is then under 2% of a unit;
