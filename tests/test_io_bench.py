@@ -71,6 +71,9 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
         assert s[key] > 0
     assert res["drives"]["emulation"] == "none"
     assert res["config"]["precondition_s"] > 0
+    # Both sides write the same number of objects over the same blocks.
+    for name, region in res["config"]["write_regions"].items():
+        assert region["raw"] == region["store"], name
     assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64
     assert (tmp_path / "io.png").stat().st_size > 0
 

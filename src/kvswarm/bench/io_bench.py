@@ -23,13 +23,12 @@ the raw baseline counts every byte it reads, so the ratio slightly favours raw (
 path: ``cpu_ratio_<path>_*``); ``native_vs_python_*`` (and ``_cpu_*``) compare the native path
 with the best Python engine in the same run.  Writes, durable on both sides: raw O_DIRECT
 pwritev (16 threads) and io_uring (32 deep, and as deep as the store's rings go: its queue depth on
-every drive) into free space of the same drives, fdatasync'd at the end of each sample, vs
-``submit_put`` of the whole data set in the store's own shape (``KVStore.write_shape``) plus
-``flush()`` (fdatasync, then the catalog's journal), on the last read path's store (native where it
-is available).  Before any write is timed every block
-of the drives is written once (preconditioned, see ``_precondition``): the raw samples rewrite their
-region, and the store's data set then also lands in written blocks.  Catalog reopen time is
-measured for 100k and 1M objects.
+every drive), each sample writing as many objects of the size as the store's data set into the
+blocks that data set then occupies, fdatasync'd at the end, vs ``submit_put`` of the whole data
+set in the store's own shape (``KVStore.write_shape``) plus ``flush()`` (fdatasync, then the
+catalog's journal), on the last read path's store (native where it is available).  Before any
+write is timed every block of the drives is written once (preconditioned, see ``_precondition``),
+so both sides write into written blocks.  Catalog reopen time is measured for 100k and 1M objects.
 
 Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
 capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
@@ -333,8 +332,8 @@ def _precondition(store: KVStore, fds: Sequence[int], chunk: int = 8 * MiB) -> f
 
     A file system's preallocated blocks are unwritten extents, and the virtual disk's host maps a
     block on its first write: a first write into them ran at 2.1-2.2 GB/s here where a rewrite ran
-    at 3.7-4.0 (1 MiB objects).  The raw write samples rewrite their region many times, so unless
-    the drives are written once first the store alone pays first writes.  As SSD benchmarks
+    at 3.7-4.0 (1 MiB objects).  The raw write samples write a region before the store does, so
+    unless the drives are written once first the raw side alone pays first writes.  As SSD benchmarks
     precondition a drive, both sides then write into written blocks.  One thread per drive."""
     block = mmap.mmap(-1, chunk)
     block.write(os.urandom(chunk))  # not zeros: a host may skip writing zero blocks
@@ -350,6 +349,17 @@ def _precondition(store: KVStore, fds: Sequence[int], chunk: int = 8 * MiB) -> f
         list(ex.map(fill, range(len(fds))))
     block.close()
     return time.perf_counter() - t0
+
+
+WHOLE_REGION_S = 3600.0  # a raw write sample's time bound: it ends when it has written its region
+
+
+def _raw_write_region(frontier: Sequence[int], n: int, size: int) -> list[tuple[int, int]]:
+    """``n`` extents of ``size`` bytes from each drive's ``frontier`` up, dealt over the drives in turn:
+    the blocks the store's data set of ``n`` objects is about to occupy (its allocator fills a
+    fresh drive from the bottom), so that both sides write as many bytes over the same blocks: the
+    virtual disk's host caches recent writes, so how much and where a side writes can move its speed."""
+    return [(j % len(frontier), frontier[j % len(frontier)] + (j // len(frontier)) * size) for j in range(n)]
 
 
 def _sync(fds: Sequence[int]) -> float:
@@ -387,9 +397,8 @@ def bench(args: argparse.Namespace, console) -> dict:
         return full
 
     ndrives = args.drives or args.dirs
-    raw_write_region = (32 if quick else 512) * MiB  # per drive, above the store's data
     need = sum(data_bytes(s) for s in sizes) // ndrives
-    drive_bytes = (need * 11 // 10 + raw_write_region + 64 * MiB) // MiB * MiB
+    drive_bytes = (need * 11 // 10 + 64 * MiB) // MiB * MiB
     drives = Drives(args, drive_bytes)
     console.print(f"[bold]drives[/]: {drives.describe}")
     if drives.capped and not quick:
@@ -398,7 +407,8 @@ def bench(args: argparse.Namespace, console) -> dict:
     results: dict = {"drives": drives.info, "sizes": {}, "config": {
         "seconds": seconds, "rounds": rounds, "backends": backends, "quick": quick,
         "durability": "writes durable on both sides: raw O_DIRECT writes fdatasync'd at the end of each sample, "
-                      "the store's puts flushed (fdatasync + catalog sync) at the end of its data set",
+                      "the store's puts flushed (fdatasync + catalog sync) at the end of its data set; each raw "
+                      "sample writes as many objects as the store's data set, into the blocks it then occupies",
         "object_size": "extent on disk; payload = size - 64 B header"}}
     runs: list[SizeRun] = []
     try:
@@ -409,22 +419,35 @@ def bench(args: argparse.Namespace, console) -> dict:
         try:
             with console.status("preconditioning the drives (every block written once)"):
                 results["config"]["precondition_s"] = _precondition(store, wfds)
+            frontier = [d.data_start for d in store.drives]  # where each drive's next data set lands
             for size in sizes:
                 payload = size - HEADER_SIZE
                 n = data_bytes(size) // size
                 run = SizeRun(size, [b"io-bench/%d/%d" % (size, i) for i in range(n)])
-                top = drive_bytes - raw_write_region
-                region = [(d, top + j * size) for j in range(raw_write_region // size) for d in range(ndrives)]
-                ws = [run_threads(wfds, region, size, Op.WRITE, 16, seconds, drives.models)]
-                ws[-1].seconds += _sync(wfds)  # durable, as the store's flush makes its writes
-                if use_uring:  # 32 deep, and as deep as the store's rings go (its depth on every drive)
-                    for depth in sorted({32, ndrives * store.queue_depth}):
-                        ws.append(run_uring(wfds, region, size, Op.WRITE, depth, seconds, drives.models))
-                        ws[-1].seconds += _sync(wfds)
+                region = _raw_write_region(frontier, n, size)
+                with console.status(f"writing {n} x {_fmt_size(size)} objects raw"):
+                    ws = [run_threads(wfds, region, size, Op.WRITE, 16, WHOLE_REGION_S, drives.models)]
+                    ws[-1].seconds += _sync(wfds)  # durable, as the store's flush makes its writes
+                    if use_uring:  # 32 deep, and as deep as the store's rings go (its depth on every drive)
+                        for depth in sorted({32, ndrives * store.queue_depth}):
+                            ws.append(run_uring(wfds, region, size, Op.WRITE, depth, WHOLE_REGION_S, drives.models))
+                            ws[-1].seconds += _sync(wfds)
+                if any(w.ops != n for w in ws):
+                    raise RuntimeError(f"a raw write sample did not write all {n} objects of {_fmt_size(size)}")
                 run.raw_write = _from_raw(max(ws, key=lambda r: r.gbps))
                 with console.status(f"writing {n} x {_fmt_size(size)} objects through the store"):
                     run.store_write = store_write(store, run.keys, payload, rng)
-                run.ios = [(e.extents[0].drive, e.extents[0].offset) for e in store.locate(run.keys)]
+                located = store.locate(run.keys)
+                run.ios = [(e.extents[0].drive, e.extents[0].offset) for e in located]
+                lo, hi = list(frontier), list(frontier)
+                for e in located:
+                    for x in e.extents:
+                        lo[x.drive] = min(lo[x.drive], x.offset)
+                        hi[x.drive] = max(hi[x.drive], x.offset + x.length)
+                results["config"].setdefault("write_regions", {})[_fmt_size(size)] = {
+                    "raw": [[frontier[d], max(o + size for dd, o in region if dd == d)] for d in range(ndrives)],
+                    "store": [[lo[d], hi[d]] for d in range(ndrives)]}
+                frontier = hi
                 runs.append(run)
         finally:
             for fd in wfds:

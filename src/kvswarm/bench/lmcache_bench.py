@@ -178,6 +178,7 @@ def mount_drives(tb) -> list[str]:
 # ---- one back end, built by LMCache --------------------------------------------------------------
 def backend_config(case: str, dirs: list[str], chunk: int, cpu_bytes: int, capacity: int):
     """LMCache's configuration of ``case``'s disk back end (with its CPU back end)."""
+    from kvswarm.codec import Compression
     from kvswarm.integrations.lmcache.harness import kvswarm_config, local_disk_config
 
     if case == "lmcache_disk":
@@ -185,7 +186,7 @@ def backend_config(case: str, dirs: list[str], chunk: int, cpu_bytes: int, capac
                                  local_cpu=False, use_odirect=True)
     return kvswarm_config(dirs, chunk_size=chunk, cpu_gb=cpu_bytes / GiB, local_cpu=False,
                           capacity_per_drive=capacity, durable=case != "kvswarm_1drive_unflushed",
-                          compression="zstd" if case.endswith("_zstd") else "none")
+                          compression=(Compression.ZSTD if case.endswith("_zstd") else Compression.NONE).value)
 
 
 def case_drives(case: str) -> int:

@@ -414,8 +414,19 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         """Read ``keys`` into memory objects of LMCache's CPU allocator; None per miss.  A chunk that
         reads back corrupt or not at all is deleted: a miss now and at the next lookup."""
         self._check_drives()
-        if self.codec is not None:
-            return self._read_frames(keys, busy_loop)
+        out = (self._read_in_place if self.codec is None else self._read_frames)(keys, busy_loop)
+        hits = sum(o is not None for o in out)
+        self.counters["hits"] += hits
+        self.counters["misses"] += len(keys) - hits
+        return out
+
+    def _drop(self, sk: bytes) -> None:
+        """A chunk that read back corrupt, not at all, or not as a chunk of this geometry."""
+        self.counters["corrupt_or_unreadable"] += 1
+        self.store.delete(sk)
+
+    def _read_in_place(self, keys: list[CacheEngineKey], busy_loop: bool) -> list[MemoryObj | None]:
+        """:meth:`_read` of uncompressed chunks: each read straight into its memory object."""
         out: list[MemoryObj | None] = [None] * len(keys)
         want: list[tuple[int, bytes, MemoryObj]] = []
         for i, k in enumerate(keys):
@@ -445,8 +456,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         continue
                     obj.ref_count_down()
                     if j in bad:
-                        self.counters["corrupt_or_unreadable"] += 1
-                        self.store.delete(sk)
+                        self._drop(sk)
 
         try:
             self._batches([0 if _in_place(b) else self.store.object_bytes(len(b)) for b in bufs],
@@ -458,9 +468,6 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
             for (_, _, obj), done in zip(want, settled):
                 if not done:
                     obj.ref_count_down()
-        hits = sum(o is not None for o in out)
-        self.counters["hits"] += hits
-        self.counters["misses"] += len(keys) - hits
         return out
 
     def _read_frames(self, keys: list[CacheEngineKey], busy_loop: bool) -> list[MemoryObj | None]:
@@ -471,10 +478,6 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
         want = [(i, sk, n) for i, k in enumerate(keys) if (n := self.store.length(sk := self._key(k))) is not None]
         full = False
 
-        def drop(sk: bytes) -> None:
-            self.counters["corrupt_or_unreadable"] += 1
-            self.store.delete(sk)
-
         def finish(a: int, b: int, handle) -> None:
             nonlocal full
             with handle.wait() as res:
@@ -483,12 +486,12 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                     i, sk, _ = want[a + j]
                     if view is None:
                         if j in bad:
-                            drop(sk)
+                            self._drop(sk)
                         continue
                     length = Codec.decoded_length(view)
                     tokens = None if length is None else self.geometry.tokens(length)
                     if tokens is None:
-                        drop(sk)
+                        self._drop(sk)
                         continue
                     obj = None if full else self.local_cpu_backend.allocate(
                         self.geometry.shapes_of(tokens), self.geometry.dtypes, self.geometry.fmt, busy_loop=busy_loop)
@@ -501,7 +504,7 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                         out[i] = obj
                     else:
                         obj.ref_count_down()
-                        drop(sk)
+                        self._drop(sk)
 
         try:
             self._batches([self.store.object_bytes(n) for _, _, n in want],
@@ -510,9 +513,6 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
                           reads_back=self._reads_back)
         except Exception:  # the chunks not decoded are misses
             log.exception("kvswarm LMCache plugin: a read of %d chunks failed", len(want))
-        hits = sum(o is not None for o in out)
-        self.counters["hits"] += hits
-        self.counters["misses"] += len(keys) - hits
         return out
 
     def _reads_back(self, handle) -> None:
