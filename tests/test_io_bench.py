@@ -74,6 +74,11 @@ def test_bench_io_quick_writes_all_summary_keys(tmp_path):
     # Both sides write the same number of objects over the same blocks.
     for name, region in res["config"]["write_regions"].items():
         assert region["raw"] == region["store"], name
+    for name in SIZES:  # as many write samples per side (one per raw method), each side's best counts
+        size = res["sizes"][name]
+        assert len(size["store_write_samples"]) == len(size["raw_write_samples"]) == 3
+        assert size["store_write"]["gbps"] == max(x["gbps"] for x in size["store_write_samples"])
+        assert size["raw_write"]["gbps"] == max(x["gbps"] for x in size["raw_write_samples"])
     assert res["sizes"]["4k"]["payload_bytes"] == 4096 - 64
     assert (tmp_path / "io.png").stat().st_size > 0
 
