@@ -28,9 +28,8 @@ blocks that data set then occupies, fdatasync'd at the end, vs ``submit_put`` of
 set in the store's own shape (``KVStore.write_shape``) plus ``flush()`` (fdatasync, then the
 catalog's journal), on the last read path's store (native where it is available); one store
 sample after each raw one (the data set deleted and flushed in between, untimed), each side's best
-counts.  Before any
-write is timed every block of the drives is written once (preconditioned, see ``_precondition``),
-so both sides write into written blocks.  Catalog reopen time is measured for 100k and 1M objects.
+counts.  Before any write is timed every block of the drives is written once (preconditioned, see
+``_precondition``), so both sides write into written blocks.  Catalog reopen time is measured for 100k and 1M objects.
 
 Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
 capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
@@ -175,6 +174,12 @@ class SizeRun:
     ios: list[tuple[int, int]] = field(default_factory=list)  # (drive, offset) per key, for raw
     raw_writes: list[Sample] = field(default_factory=list)  # one per raw method
     store_writes: list[Sample] = field(default_factory=list)  # as many, each taken after a raw one
+    best_threads: int = 16
+    best_depth: int = 32
+    store: dict[str, list[Sample]] = field(default_factory=dict)
+    store_shape: dict[str, tuple[int, int]] = field(default_factory=dict)  # per backend: (keys per batch, batches)
+    # Raw samples per store backend (the rounds they shared), per method: "preadv", "io_uring".
+    raw_by_backend: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)
 
     @property
     def raw_write(self) -> Sample:
@@ -183,12 +188,6 @@ class SizeRun:
     @property
     def store_write(self) -> Sample:
         return max(self.store_writes, key=lambda s: s.gbps)
-    best_threads: int = 16
-    best_depth: int = 32
-    store: dict[str, list[Sample]] = field(default_factory=dict)
-    store_shape: dict[str, tuple[int, int]] = field(default_factory=dict)  # per backend: (keys per batch, batches)
-    # Raw samples per store backend (the rounds they shared), per method: "preadv", "io_uring".
-    raw_by_backend: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)
 
     @property
     def raw(self) -> dict[str, list[Sample]]:
@@ -463,7 +462,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                         lo[x.drive] = min(lo[x.drive], x.offset)
                         hi[x.drive] = max(hi[x.drive], x.offset + x.length)
                 results["config"].setdefault("write_regions", {})[_fmt_size(size)] = {
-                    "raw": [[frontier[d], max(o + size for dd, o in region if dd == d)] for d in range(ndrives)],
+                    "raw": [[frontier[d], frontier[d] + len(range(d, n, ndrives)) * size] for d in range(ndrives)],
                     "store": [[lo[d], hi[d]] for d in range(ndrives)]}
                 frontier = hi
                 runs.append(run)
