@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import functools
 import mmap
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,6 +60,64 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class LeaseViews(Sequence):
+    """Views of spans of a lease (``at``: offsets into it, ``lengths``), each made when first asked
+    for, so that a batch of small objects costs no Python object per object that its caller does
+    not look at (making and releasing a memoryview per object was about a tenth of the CPU of a
+    verified 16 KiB read).  Behaves as a list of memoryviews: indexing, slices (lists), iteration,
+    ``==`` with a list; an item can be replaced (``views[i] = buf``).  :meth:`release` releases the
+    views it made; later items cannot be made."""
+
+    __slots__ = ("_view", "_at", "_lengths", "_made")
+
+    def __init__(self, view: memoryview, at: np.ndarray, lengths: np.ndarray) -> None:
+        self._view: memoryview | None = view
+        self._at, self._lengths = at, lengths
+        self._made: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._at)))]
+        n = len(self._at)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("LeaseViews index out of range")
+        try:
+            return self._made[i]
+        except KeyError:
+            if self._view is None:
+                raise ValueError("operation forbidden on released memoryview object") from None
+            a = int(self._at[i])
+            v = self._made[i] = self._view[a:a + int(self._lengths[i])]
+            return v
+
+    def __setitem__(self, i: int, value: object) -> None:
+        self._made[i + len(self._at) if i < 0 else i] = value
+
+    def __iter__(self) -> Iterator[object]:
+        return (self[i] for i in range(len(self._at)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LeaseViews({len(self._at)} spans, {len(self._made)} made)"
+
+    def release(self) -> None:
+        for v in self._made.values():
+            if isinstance(v, memoryview):
+                v.release()
+        self._view = None
 
 
 HUGE_PAGE = 2 << 20

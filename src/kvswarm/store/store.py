@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
-from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
+from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease, LeaseViews
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
 from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
 from kvswarm.errors import (
@@ -122,7 +122,7 @@ class GetResult:
     """
 
     keys: Sequence[bytes]
-    views: list[memoryview | bytes | None]
+    views: Sequence[memoryview | bytes | Bufs | None]  # a LeaseViews when every key hit
     lease: Lease | None
     misses: int = 0
     corrupt: int = 0
@@ -132,9 +132,12 @@ class GetResult:
 
     def release(self) -> None:
         if self.lease is not None:
-            for v in self.views:
-                if isinstance(v, memoryview):
-                    v.release()
+            if isinstance(self.views, LeaseViews):
+                self.views.release()
+            else:
+                for v in self.views:
+                    if isinstance(v, memoryview):
+                        v.release()
             self.lease.release()
             self.lease = None
 
@@ -293,7 +296,7 @@ class NativeGetHandle:
             ok = b.verdict == native_io.OK
             io_ok = ok | (b.verdict >= native_io.BAD_HEADER)
             lv, base = self._lease.view, self._lease.offset
-            payloads = [lv[a:a + m] for a, m in zip((self._at - base).tolist(), self._ext.part_payload.tolist())]
+            payloads = LeaseViews(lv, self._at - base, self._ext.part_payload)
             single = len(self._ext.obj) == len(self._ext.rows)
             check = Check(b.res, io_ok, ok, single, self._at, payloads, self._dst, ())
         return self._store._finish_get(self._keys, self._found, self._ext, self._reads, check, self._lease)
@@ -1173,11 +1176,13 @@ class KVStore:
                 obj_ok = np.logical_and.reduceat(ok, first)
             good = np.flatnonzero(obj_ok).tolist()
             hits = len(good)
-            if single and hits == n:  # every key found and verified: views are the payloads
-                views = payloads
+            if single and hits == n and reads.into is None:  # every key found and verified
+                views = payloads  # made when the caller asks for them
             elif single:
+                dst = check.dst
                 for i in good:
-                    views[found[i]] = payloads[i]
+                    if dst is None or dst[i] is None:  # handed over in the caller's buffer below
+                        views[found[i]] = payloads[i]
             else:
                 pp = ext.part_payload
                 for i in good:

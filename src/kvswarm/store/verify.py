@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswarm.buffers import Lease
+from kvswarm.buffers import Lease, LeaseViews
 from kvswarm.catalog import ExtentTable
 from kvswarm.format import ALIGN, HEADER_COLUMNS, HEADER_SIZE, PAYLOAD_CHECKSUM, expected_headers, sector_payload
 from kvswarm.store.runs import Bufs, part_of, sized
@@ -41,7 +41,7 @@ class Check:
     ok: np.ndarray  # per extent: read in full, header and payload as the catalog says
     single: bool  # one extent per object
     at: np.ndarray  # per extent: where its payload lies in the pool
-    payloads: list[memoryview]
+    payloads: Sequence  # per extent: its payload's view (LeaseViews) or the caller's buffer it was read into
     dst: list[Bufs | None] | None  # per object, the caller's buffer the worker copies its verified extents into
     jobs: tuple  # kvswarm.store._verify.Job, each for a run of the extents
     in_place: tuple[np.ndarray, np.ndarray] | None = None  # extents read into the caller's buffers, and their outcome
@@ -119,7 +119,7 @@ def check_batch(pool: np.ndarray, ext: ExtentTable, reads: Reads, results: Seque
     if direct is None:
         ok = io_ok & (pool[at[:, None] + HEADER_COLUMNS] == hdr).all(1)
         lv = lease.view
-        payloads = [lv[a:a + m] for a, m in zip((starts + poff).tolist(), pp.tolist())]
+        payloads = LeaseViews(lv, starts + poff, pp)
     else:  # a payload read in place came without its header: the catalog's checksum alone vouches for it
         ok = io_ok.copy()
         pooled = np.flatnonzero(~direct)
