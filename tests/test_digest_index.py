@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvswarm.digest_index import DictDigestIndex, NativeDigestIndex, new_digest_index
+from kvswarm.format import key_digest
 
 KINDS = [DictDigestIndex] + ([NativeDigestIndex] if NativeDigestIndex is not None else [])
 
@@ -85,3 +86,15 @@ def test_native_refuses_what_it_cannot_hold():
         x.lookup([_d(1)], np.empty(2, np.int64))  # one row per digest
     with pytest.raises(ValueError):
         x.lookup([_d(1)], np.empty(1, np.int32))
+
+
+def test_lookup_keys_makes_the_store_s_digests_on_the_way(kind):
+    keys = [b"alpha", b"", b"b" * 1000, bytearray(b"delta"), b"absent"]
+    x = kind()
+    x.update([(key_digest(bytes(k)), i) for i, k in enumerate(keys[:4])])
+    out, digests = np.empty(5, np.int64), np.empty(5, "V16")
+    x.lookup_keys(keys, out, digests)
+    assert out.tolist() == [0, 1, 2, 3, -1]
+    assert digests.tobytes() == b"".join(key_digest(bytes(k)) for k in keys)
+    with pytest.raises(ValueError):
+        x.lookup_keys(keys, np.empty(4, np.int64), digests)

@@ -1036,7 +1036,9 @@ class KVStore:
         whatever was read, so use it for buffers that a miss leaves unused.  Needs the native
         verify worker; without it, and for the other objects, reads go through the pool.
         """
-        return self.submit_get_digests([KEY_DIGEST(k) for k in keys], keys, into, in_place)
+        if self.engine is None:
+            self._check_open()
+        return self._submit_located(keys, *self.catalog.locate_keys(keys), into, in_place)
 
     def submit_get_digests(self, digests: Sequence[bytes], keys: Sequence[bytes] | None = None,
                            into: Sequence[object | None] | None = None,
@@ -1044,15 +1046,20 @@ class KVStore:
         """Like submit_get, for callers that hold key digests (scrubbing, catalog walks)."""
         if self.engine is None:
             self._check_open()
+        return self._submit_located(keys if keys is not None else digests, *self.catalog.locate(digests), into,
+                                    in_place)
+
+    def _submit_located(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
+                        into: Sequence[object | None] | None, in_place: bool) -> GetHandle | NativeGetHandle:
+        """submit_get of ``keys`` (the result's names) whose held objects ``catalog.locate`` found."""
         if self.native is not None and not (in_place and verify.verify_submit is not None):
-            return self._submit_get_native(digests, keys, into)
-        found, ext = self.catalog.locate(digests)
+            return self._submit_get_native(keys, found, ext, into)
         span = ext.length.astype(np.int64)  # lease bytes per extent
         bufs_in: list[memoryview | None] | None = None
         direct = None
         if into is not None:
-            if len(into) != len(digests):
-                raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
+            if len(into) != len(keys):
+                raise ValueError(f"{len(into)} buffers for {len(keys)} keys")
             bufs_in = [None if into[i] is None else as_bufs(into[i], True) for i in found]
             if in_place and verify.verify_submit is not None and len(span):
                 direct = _direct_reads(ext, bufs_in)
@@ -1076,25 +1083,23 @@ class KVStore:
             drives, offsets, bufs = [drives[i] for i in live], [offsets[i] for i in live], [bufs[i] for i in live]
         # Offsets come from the allocator and buffers from the pool: aligned by construction.
         batch = self.engine.submit_reads(drives, offsets, bufs)
-        return GetHandle(self, keys if keys is not None else digests, found, ext, reads, batch, live, lease)
+        return GetHandle(self, keys, found, ext, reads, batch, live, lease)
 
-    def _submit_get_native(self, digests: Sequence[bytes], keys: Sequence[bytes] | None,
+    def _submit_get_native(self, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
                            into: Sequence[object | None] | None) -> NativeGetHandle:
         """submit_get on the native path: the batch's extents, their expected headers, payload spans,
         checksums and the caller's buffers as arrays, handed to kvswarm.io._batchio in one call."""
-        found, ext = self.catalog.locate(digests)
         span = ext.length.astype(np.int64)
         bufs_in: list[Bufs | None] | None = None
         if into is not None:
-            if len(into) != len(digests):
-                raise ValueError(f"{len(into)} buffers for {len(digests)} keys")
+            if len(into) != len(keys):
+                raise ValueError(f"{len(into)} buffers for {len(keys)} keys")
             bufs_in = [None if into[i] is None else as_bufs(into[i], True) for i in found]
         k = len(span)
         starts = np.cumsum(span) - span
         reads = Reads(starts, bufs_in)
-        keys_out = keys if keys is not None else digests
         if not k:
-            return NativeGetHandle(self, keys_out, found, ext, reads, None, None, starts, None)
+            return NativeGetHandle(self, keys, found, ext, reads, None, None, starts, None)
         lease = self._lease(int(starts[-1] + span[-1]))
         pp = ext.part_payload
         sector = sector_payload(pp)
@@ -1117,7 +1122,7 @@ class KVStore:
             drive[~np.array([d.healthy for d in self.drives])[drive]] = -1
         batch = self.native.submit(Op.READ, self.pool.array, drive, ext.offset.astype(np.int64), span, at,
                                    want, poff, pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64), parts)
-        return NativeGetHandle(self, keys_out, found, ext, reads, batch, lease, at + poff, dst)
+        return NativeGetHandle(self, keys, found, ext, reads, batch, lease, at + poff, dst)
 
     def progress(self, timeout: float | None = None) -> int:
         """Take in I/O completions, waiting up to ``timeout`` s (None: until one) while any I/O is in
