@@ -65,8 +65,8 @@ class Lease:
 class LeaseViews(Sequence):
     """Views of spans of a lease (``at``: offsets into it, ``lengths``), each made when first asked
     for, so that a batch of small objects costs no Python object per object that its caller does
-    not look at (making and releasing a memoryview per object was about a tenth of the CPU of a
-    verified 16 KiB read).  Behaves as a list of memoryviews: indexing, slices (lists), iteration,
+    not look at (with a memoryview made and released per object, finishing a 256-key batch of 16 KiB
+    objects took 100-480 us, 26-60 us this way).  Behaves as a list of memoryviews: indexing, slices (lists), iteration,
     ``==`` with a list; an item can be replaced (``views[i] = buf``).  :meth:`release` releases the
     views it made; later items cannot be made."""
 

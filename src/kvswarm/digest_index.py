@@ -4,9 +4,10 @@ Both kinds answer the same calls: ``get``, ``pop``, ``[]``, ``in``, ``len``, ``u
 ``(digest, row)`` pairs, ``clear``, iteration over the digests, ``lookup(digests, out)``, which
 writes each digest's row (-1: not held) into an int64 array, a batched read's whole batch in one
 call, and ``lookup_keys(keys, out, digests)``, which also makes the keys' digests (16 bytes each,
-into ``digests``) on the way.  The native table (``kvswarm._digest_index``, native/digest_index.c) keeps each digest beside
-its row in one open-addressing array: a lookup touches one slot instead of a dict's slot, entry,
-key object and int object, which is most of a verified 4 KiB read's catalog time.
+into ``digests``) on the way.  The native table (``kvswarm._digest_index``,
+native/digest_index.c) keeps each digest beside its row in one open-addressing array: a lookup
+touches one slot instead of a dict's slot, entry, key object and int object, which is most of a
+verified 4 KiB read's catalog time.
 ``KVSWARM_NATIVE_INDEX=0`` takes the dict.
 """
 

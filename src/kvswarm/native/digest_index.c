@@ -328,8 +328,8 @@ done:
 /* lookup_keys(keys, out, digests): each key's digest (xxh3-128, canonical bytes: what
  * kvswarm.format.key_digest makes) into digests[16 i:16 i + 16], its row into out[i] (-1 where it is
  * not held).  A batched read's keys are hashed and looked up in one call, with no Python object per
- * key (a digest per key made in Python, then joined, was about a third of the store's interpreter
- * time in a 16 KiB read loop). */
+ * key: with a digest made per key in Python, then joined, the Python part of submitting a 256-key
+ * batch took about 200 us, 80 this way. */
 static PyObject *Index_lookup_keys(Index *x, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "lookup_keys(keys, out, digests)");
