@@ -668,7 +668,7 @@ class Catalog:
         """Positions in ``digests`` of the objects held, and the extents of those objects."""
         slots = np.empty(len(digests), np.int64)
         self._index.lookup(digests, slots)
-        return self._located(slots, np.frombuffer(b"".join(digests), ROW_DTYPE["digest"]))
+        return self._located(slots, digests)
 
     def locate_keys(self, keys: Sequence[bytes]) -> tuple[list[int], ExtentTable]:
         """:meth:`locate` for keys: their digests are made and looked up in one native call."""
@@ -677,8 +677,9 @@ class Catalog:
         self._index.lookup_keys(keys, slots, digests)
         return self._located(slots, digests)
 
-    def _located(self, slots: np.ndarray, digests: np.ndarray) -> tuple[list[int], ExtentTable]:
-        """:meth:`locate`'s answer from each digest's row in the index (-1: not held)."""
+    def _located(self, slots: np.ndarray, digests: np.ndarray | Sequence[bytes]) -> tuple[list[int], ExtentTable]:
+        """:meth:`locate`'s answer from each digest's row in the index (-1: not held); ``digests`` as
+        bytes objects (of any length: one not 16 bytes long is simply not held) or a 16-byte array."""
         if (slots < 0).any():
             found = np.flatnonzero(slots >= 0).tolist()
             held = slots[found]
@@ -690,7 +691,10 @@ class Catalog:
         # A row deleted since the index lookup (parts 0), or reused by another key (another thread's
         # delete + put, a follower's reload): a miss.  Verification alone would not catch the reuse:
         # the headers it expects come from these rows, so another key's object would verify.
-        live = (rows["parts"] > 0) & (rows["digest"] == (digests if len(found) == len(digests) else digests[found]))
+        if len(found) < len(digests):
+            digests = digests[found] if isinstance(digests, np.ndarray) else [digests[i] for i in found]
+        want = digests if isinstance(digests, np.ndarray) else np.frombuffer(b"".join(digests), ROW_DTYPE["digest"])
+        live = (rows["parts"] > 0) & (rows["digest"] == want)
         if not live.all():
             idx = np.flatnonzero(live)
             found, held, rows = [found[i] for i in idx.tolist()], held[idx], rows[idx]
