@@ -289,6 +289,19 @@ static PyObject *Index_iter(Index *x) {
     return it;
 }
 
+/* The out argument of lookup and lookup_keys: a writable int64 buffer of n items (0, or -1 with the
+ * error set; on 0 the caller releases it). */
+static int get_rows_out(PyObject *arg, Py_ssize_t n, Py_buffer *out, const char *msg) {
+    if (PyObject_GetBuffer(arg, out, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (out->itemsize != 8 || out->format == NULL || (strcmp(out->format, "q") && strcmp(out->format, "l")) ||
+        out->len != n * 8) {
+        PyBuffer_Release(out);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return -1;
+    }
+    return 0;
+}
+
 /* lookup(digests, out): out[i] = the row of digests[i], or -1 where it is not held; one call a batch. */
 static PyObject *Index_lookup(Index *x, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -297,17 +310,11 @@ static PyObject *Index_lookup(Index *x, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *seq = PySequence_Fast(args[0], "lookup: digests must be a sequence of bytes");
     if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     Py_buffer out;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+    if (get_rows_out(args[1], n, &out, "lookup: out must be an int64 buffer of one item per digest") < 0) {
         Py_DECREF(seq);
         return NULL;
-    }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *ret = NULL;
-    if (out.itemsize != 8 || out.format == NULL || (strcmp(out.format, "q") && strcmp(out.format, "l")) ||
-        out.len != n * 8) {
-        PyErr_SetString(PyExc_ValueError, "lookup: out must be an int64 buffer of one item per digest");
-        goto done;
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     int64_t *o = out.buf;
@@ -317,12 +324,9 @@ static PyObject *Index_lookup(Index *x, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t s = missing ? -1 : find(x, d);
         o[i] = s < 0 ? -1 : x->vals[s];
     }
-    Py_INCREF(Py_None);
-    ret = Py_None;
-done:
     PyBuffer_Release(&out);
     Py_DECREF(seq);
-    return ret;
+    Py_RETURN_NONE;
 }
 
 /* lookup_keys(keys, out, digests): each key's digest (xxh3-128, canonical bytes: what
@@ -337,8 +341,9 @@ static PyObject *Index_lookup_keys(Index *x, PyObject *const *args, Py_ssize_t n
     }
     PyObject *seq = PySequence_Fast(args[0], "lookup_keys: keys must be a sequence of bytes");
     if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     Py_buffer out, dig;
-    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+    if (get_rows_out(args[1], n, &out, "lookup_keys: out must be an int64 buffer of one item per key") < 0) {
         Py_DECREF(seq);
         return NULL;
     }
@@ -347,13 +352,7 @@ static PyObject *Index_lookup_keys(Index *x, PyObject *const *args, Py_ssize_t n
         Py_DECREF(seq);
         return NULL;
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject *ret = NULL;
-    if (out.itemsize != 8 || out.format == NULL || (strcmp(out.format, "q") && strcmp(out.format, "l")) ||
-        out.len != n * 8) {
-        PyErr_SetString(PyExc_ValueError, "lookup_keys: out must be an int64 buffer of one item per key");
-        goto done;
-    }
     if (dig.len != n * DIGEST) {
         PyErr_SetString(PyExc_ValueError, "lookup_keys: digests must be a buffer of 16 bytes per key");
         goto done;
