@@ -8,7 +8,7 @@ import stat
 import numpy as np
 import pytest
 
-import kvswarm.store.store as store_store
+import kvswarm.store.handles as store_handles
 import kvswarm.store.verify as store_verify
 from kvswarm import DriveError, DriveFull, FlushError, KVStore, KVSwarmError, UnalignedBuffer
 from kvswarm.digest_index import DictDigestIndex
@@ -107,6 +107,27 @@ def test_overwrite_delete_and_reopen(backend, drive_dirs):
     with _open(paths, backend) as s:
         assert s.get(b"k") == b"new" * 2000 and s.get(b"gone") is None and len(s) == 1
         assert sum(d["capacity"] - d["free_bytes"] for d in s.stats()["drives"]) == used
+
+
+def test_delete_many_drops_a_batch_durably_and_frees_its_space_after_the_flush(backend, drive_dirs):
+    paths = drive_dirs(2)
+    keys = [b"d%d" % i for i in range(50)]
+    with _open(paths, backend) as s:
+        s.put_many([(k, _payload(k, 9000)) for k in keys])
+        s.flush()
+        free = sum(d["free_bytes"] for d in s.stats()["drives"])
+        gone = keys[::2] + [b"never stored"]
+        assert s.delete_many(gone) == [True] * 25 + [False]
+        assert s.delete_many(keys[:2]) == [False, True]  # d0 went above, d1 goes now
+        assert sum(d["free_bytes"] for d in s.stats()["drives"]) == free  # reused only once durable
+        s.flush()
+        assert sum(d["free_bytes"] for d in s.stats()["drives"]) > free
+    with _open(paths, backend) as s:
+        dropped = set(keys[::2]) | {keys[1]}
+        assert len(s) == 50 - len(dropped)
+        with s.get_many(keys) as r:
+            for k, v in zip(keys, r.views):
+                assert (v is None) == (k in dropped) and (v is None or bytes(v) == _payload(k, 9000))
 
 
 def test_handles_finish_in_completion_order(backend, drive_dirs):
@@ -879,7 +900,7 @@ def test_a_get_whose_wait_raises_gives_its_buffers_back(backend, monkeypatch, st
     with _pool_sized_for_one_batch(drive_dirs(2), backend) as s:
         io = _io_of(s)
         # On the native path verification runs inside the ring's reaping (poll).
-        verify = (store_store, "check_batch") if s.native is None else (io, "poll")
+        verify = (store_handles, "check_batch") if s.native is None else (io, "poll")
         obj, name = {"engine": (io, "wait"), "verify": verify, "finish": (s, "_finish_get")}[stage]
         _fail_once(monkeypatch, obj, name, OSError(5, "injected"))
         h = s.submit_get(KEYS8)

@@ -624,16 +624,24 @@ class Catalog:
         return self.put_many([(digest, entry)])[0]
 
     def delete(self, digest: bytes) -> Entry | None:
+        return self.delete_many([digest])[0]
+
+    def delete_many(self, digests: Sequence[bytes]) -> list[Entry | None]:
+        """Drop each digest held, under one lock and one journal write; per digest, the entry it had
+        (None where it held none)."""
+        out: list[Entry | None] = []
         with self._lock:
-            row = self._index.pop(digest, None)
-            if row is None:
-                return None
-            old = self._entry(row)
-            self._drop(row)
-            if not self.follow:  # a follower only forgets it (until the writer journals it again)
-                self._append(_encode(OP_DEL, digest, None))
-                self._write_if_many()
-            return old
+            for digest in digests:
+                row = self._index.pop(digest, None)
+                if row is None:
+                    out.append(None)
+                    continue
+                out.append(self._entry(row))
+                self._drop(row)
+                if not self.follow:  # a follower only forgets it (until the writer journals it again)
+                    self._append(_encode(OP_DEL, digest, None))
+            self._write_if_many()
+        return out
 
     def get(self, digest: bytes) -> Entry | None:
         row = self._index.get(digest)

@@ -1,23 +1,13 @@
 """The store: objects striped over a set of drives, verified on every read, durable on flush.
 
-``config`` (StoreConfig), ``store`` (KVStore and its handles), ``verify`` (a read batch's
-verification), ``runs`` (an object's bytes as one buffer or runs of one).
+``config`` (StoreConfig), ``store`` (KVStore), ``handles`` (batches in flight and a read's outcome),
+``verify`` (a read batch's verification), ``runs`` (an object's bytes as one buffer or runs of one).
 """
 
 from kvswarm.store.config import StoreConfig
+from kvswarm.store.handles import GetHandle, GetResult, NativeGetHandle, PutHandle
 from kvswarm.store.runs import Bufs, Runs
-from kvswarm.store.store import (
-    MANIFEST,
-    WRITER_LOCK,
-    BatchShape,
-    DriveHealth,
-    GetHandle,
-    GetResult,
-    KVStore,
-    NativeGetHandle,
-    PutHandle,
-    write_manifest,
-)
+from kvswarm.store.store import MANIFEST, WRITER_LOCK, BatchShape, DriveHealth, KVStore, write_manifest
 from kvswarm.store.verify import verify_submit
 
 __all__ = ["MANIFEST", "WRITER_LOCK", "BatchShape", "Bufs", "DriveHealth", "GetHandle", "GetResult", "KVStore", "NativeGetHandle",

@@ -1,7 +1,7 @@
-"""KVStore and its handles: open, put, get, flush, delete, health, poll.
+"""KVStore: open, put, get, flush, delete, health, poll.
 
 Reads and writes are batched and asynchronous: ``submit_get`` / ``submit_put`` return a
-handle at once; ``poll()`` / ``wait()`` on it drive completions.  ``get_many`` and
+handle (:mod:`kvswarm.store.handles`) at once; ``poll()`` / ``wait()`` on it drive completions.  ``get_many`` and
 ``put_many`` are the blocking forms.  A read whose header or checksum does not match
 is a counted miss, never data (the checks: :mod:`kvswarm.store.verify`).
 """
@@ -21,13 +21,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
-from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease, LeaseViews
+from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
 from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
 from kvswarm.errors import (
@@ -53,13 +52,13 @@ from kvswarm.format import (
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io import native as native_io
-from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
 from kvswarm.store import verify
 from kvswarm.store.config import StoreConfig, device_queue_depth
+from kvswarm.store.handles import Abandoned, GetHandle, GetResult, NativeGetHandle, PutHandle
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
-from kvswarm.store.verify import Check, Reads, check_batch, hand_over
+from kvswarm.store.verify import Check, Reads, hand_over
 
 log = logging.getLogger(__name__)
 SETTLE_S = 5.0  # how long a failed batch's I/O is waited for before its buffers are quarantined
@@ -112,211 +111,6 @@ class DriveHealth:
     full: bool = False  # ENOSPC met: no new writes until the store reopens
 
 
-@dataclass
-class GetResult:
-    """Payload views for the requested keys (``None`` = miss), backed by one buffer lease.
-
-    Views stay valid until :meth:`release`; drop numpy arrays or tensors made from them first
-    (a buffer still exported by one makes ``release`` raise ``BufferError``).  An object made of several extents is
-    made contiguous in the lease after verification (later parts slide over the headers between them).
-    """
-
-    keys: Sequence[bytes]
-    views: Sequence[memoryview | bytes | Bufs | None]  # a LeaseViews when every key hit
-    lease: Lease | None
-    misses: int = 0
-    corrupt: int = 0
-    # Keys (indices) that are stored but read back corrupt, torn or not at all (I/O error, failed
-    # drive): a caller may drop them.  A miss for a buffer of the wrong length is not one of them.
-    failed: list[int] = field(default_factory=list)
-
-    def release(self) -> None:
-        if self.lease is not None:
-            if isinstance(self.views, LeaseViews):
-                self.views.release()
-            else:
-                for v in self.views:
-                    if isinstance(v, memoryview):
-                        v.release()
-            self.lease.release()
-            self.lease = None
-
-    def __enter__(self) -> GetResult:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class _Handle:
-    """A batch in flight: ``done`` and ``poll()`` never block, ``wait()`` gives the outcome."""
-
-    _store: KVStore
-    _batch: Batch
-
-    @property
-    def done(self) -> bool:
-        """All I/Os are back (no system call: completions are taken in by poll/wait/progress)."""
-        return self._batch.done
-
-    def poll(self) -> bool:
-        if not self._batch.done:
-            self._store.engine.poll(0)
-        return self.done
-
-
-class GetHandle(_Handle):
-    """A batched read in flight; ``wait()`` returns the :class:`GetResult`.
-
-    Once its reads are back, the first ``done`` or ``poll()`` that sees it hands the batch to
-    verification (the native worker's, when built); ``done`` holds once that has finished too.
-    """
-
-    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable,
-                 reads: Reads, batch: ReadBatch, live: list[int] | None, lease: Lease | None) -> None:
-        self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
-        self._batch, self._live, self._lease = batch, live, lease
-        self._check: Check | None = None
-        self._checking = False
-        self._result: GetResult | None = None
-        self._failed = False
-
-    @property
-    def done(self) -> bool:
-        if not self._checking:
-            if not self._batch.done:
-                return False
-            self._start_check()
-        return self._check is None or self._check.done
-
-    @property
-    def reads_back(self) -> bool:
-        """Whether every read of the batch has completed (its verification may still be running): a
-        caller keeping a drive's queue full submits its next batch now, not after ``wait()``."""
-        return self._checking or self._batch.done
-
-    def _start_check(self) -> None:
-        results = self._batch.results
-        if self._live is not None:  # extents on drives out of service were not read: EIO
-            full: list[int | None] = [-5] * len(self._ext.length)
-            for i, r in zip(self._live, results):
-                full[i] = r
-            results = full
-        self._check = check_batch(self._store.pool.array, self._ext, self._reads, results, self._lease)
-        self._checking = True
-        if self._check is not None and self._check.jobs:
-            # Finished jobs leave here too, not only in progress(): callers that only wait() on their
-            # handles would otherwise grow the queue without end.
-            self._store._drop_verified()
-            self._store._verifying.extend(self._check.jobs)
-
-    def wait(self) -> GetResult:
-        """The batch's outcome.  If this raises, the batch's buffers go back to the pool once none of
-        its reads or verify jobs can still touch them (see KVStore._give_back); waiting again raises."""
-        if self._result is None:
-            if self._failed:
-                raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
-            try:
-                self._store.engine.wait(self._batch)
-                if not self._checking:
-                    self._start_check()
-                if self._check is not None and self._check.jobs:
-                    while not self._check.done and verify.verify_assist():  # this thread would only wait
-                        pass
-                    for job in self._check.jobs:
-                        job.wait()
-                self._result = self._store._finish_get(self._keys, self._found, self._ext, self._reads,
-                                                       self._check, self._lease)
-            except BaseException:
-                self._failed = self._checking = True  # done from now on, and no check starts on the lease
-                self._store._give_back(self._remains())
-                self._check = self._lease = None
-                raise
-        return self._result
-
-    def _remains(self) -> _Abandoned:
-        return _Abandoned(self._batch, self._check.jobs if self._check is not None else (), self._lease, [])
-
-    def __del__(self) -> None:
-        # Dropped unfinished: its buffers go back once its reads are over.  Only queued here: a finalizer
-        # may run while this thread holds the pool's allocator lock.
-        if self._result is None and self._lease is not None:
-            self._store._abandoned.append(self._remains())
-
-
-class NativeGetHandle:
-    """A batched read on the native path (KVStore._submit_get_native): its I/O, header and checksum
-    checks and copies into the caller's buffers all run in kvswarm.io._batchio; ``wait()`` turns the
-    per-extent verdicts into the :class:`GetResult`, as :class:`GetHandle` does."""
-
-    def __init__(self, store: KVStore, keys: Sequence[bytes], found: list[int], ext: ExtentTable, reads: Reads,
-                 batch: native_io.NativeBatch | None, lease: Lease | None, payload_at: np.ndarray,
-                 dst: list[Bufs | None] | None) -> None:
-        self._store, self._keys, self._found, self._ext, self._reads = store, keys, found, ext, reads
-        self._batch, self._lease, self._at, self._dst = batch, lease, payload_at, dst
-        self._result: GetResult | None = None
-        self._failed = False
-
-    @property
-    def done(self) -> bool:
-        return self._failed or self._batch is None or self._batch.done
-
-    @property
-    def reads_back(self) -> bool:
-        """Whether every read of the batch has completed: here, as each read is verified when it is
-        taken in, the same as ``done``."""
-        return self.done
-
-    def poll(self) -> bool:
-        if not self.done:
-            self._store.native.poll(0)
-        return self.done
-
-    def wait(self) -> GetResult:
-        """The batch's outcome.  If this raises, the batch's buffers go back to the pool once its reads are
-        over (see KVStore._give_back); waiting again raises."""
-        if self._result is None:
-            if self._failed:
-                raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
-            try:
-                self._result = self._outcome()
-            except BaseException:
-                self._failed = True
-                if self._lease is not None:
-                    self._store._give_back(_Abandoned(self._batch, (), self._lease, []))
-                    self._lease = None
-                raise
-        return self._result
-
-    def _outcome(self) -> GetResult:
-        check = None
-        if self._batch is not None:
-            b = self._batch
-            self._store.native.wait(b)
-            ok = b.verdict == native_io.OK
-            io_ok = ok | (b.verdict >= native_io.BAD_HEADER)
-            lv, base = self._lease.view, self._lease.offset
-            payloads = LeaseViews(lv, self._at - base, self._ext.part_payload)
-            single = len(self._ext.obj) == len(self._ext.rows)
-            check = Check(b.res, io_ok, ok, single, self._at, payloads, self._dst, ())
-        return self._store._finish_get(self._keys, self._found, self._ext, self._reads, check, self._lease)
-
-    def __del__(self) -> None:
-        # Dropped unfinished: its buffers go back once its reads are over (see GetHandle.__del__).
-        if self._result is None and self._lease is not None and self._batch is not None:
-            self._store._abandoned.append(_Abandoned(self._batch, (), self._lease, []))
-
-
-class _Abandoned(NamedTuple):
-    """A batch nobody will finish (its wait() raised, or its handle was dropped): its buffers, and a
-    put's extents, are reused only once its I/Os and verify jobs are over (see KVStore._reclaim)."""
-
-    batch: Batch | ReadBatch
-    jobs: tuple  # kvswarm.store._verify.Job
-    lease: Lease | None
-    extents: list[Entry]  # a put's objects, never in the catalog
-
-
 def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
     """Per extent: whether its payload can be read straight into its object's buffer (see
     KVStore.submit_get, ``in_place``): the object's only extent, a whole number of sectors on
@@ -356,50 +150,6 @@ class _Singles(Sequence):
         cols = (self.generation, self.payload_len, self.drive, self.offset, self.length, self.csum)
         for digest, gen, n, drv, off, ln, cs in zip(self.digests, *(c.tolist() for c in cols)):
             yield digest, Entry(gen, n, (Extent(drv, off, ln, cs),)), 1
-
-
-class PutHandle(_Handle):
-    """A batched write in flight, on the Python engine (``batch`` a Batch) or the native ring (a
-    NativeBatch); ``wait()`` records what was written in the catalog."""
-
-    def __init__(self, store: KVStore, batch: Batch | native_io.NativeBatch, staged: tuple) -> None:
-        self._store, self._batch = store, batch
-        self._io = store.native if isinstance(batch, native_io.NativeBatch) else store.engine
-        self._staged: tuple | None = staged  # None once finished or failed
-        self._done: list[bool] | None = None
-
-    def poll(self) -> bool:
-        if not self._batch.done:
-            self._io.poll(0)
-        return self.done
-
-    def wait(self) -> list[bool]:
-        """Per item: True when stored (the catalog now points at it).  If the engine raises, nothing is
-        stored; the buffers and extents go back once none of its writes can still run (a late write
-        from a reused buffer, or into a reused extent, would store wrong bytes)."""
-        if self._done is None:
-            if self._staged is None:
-                raise KVSwarmError("this put failed earlier")
-            try:
-                self._io.wait(self._batch)
-            except BaseException:
-                self._store.counters["put_failures"] += len(self._staged[0])
-                self._store._give_back(self._remains())
-                self._staged = None
-                raise
-            staged, self._staged = self._staged, None
-            self._done = self._store._finish_put(staged)
-        return self._done
-
-    def _remains(self) -> _Abandoned:
-        items, _, lease = self._staged
-        return _Abandoned(self._batch, (), lease, [e for _, e, _ in items])
-
-    def __del__(self) -> None:
-        # Dropped unfinished: nothing is stored, and its buffers and extents go back once its writes
-        # are over (queued only, as GetHandle.__del__).
-        if self._staged is not None:
-            self._store._abandoned.append(self._remains())
 
 
 class KVStore:
@@ -520,7 +270,7 @@ class KVStore:
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
                          "quarantined": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
-        self._abandoned: deque[_Abandoned] = deque()  # their buffers go back once their I/O is over
+        self._abandoned: deque[Abandoned] = deque()  # their buffers go back once their I/O is over
 
     def _lock_writer(self) -> int:
         """Hold the store's writer lock while open: two writers would hand out the same free space
@@ -879,9 +629,8 @@ class KVStore:
                     self._written.update(np.unique(items.drive).tolist())
                 return [True] * len(items)
             done, out = self._landed(items, io, landed)
-            for old in self.catalog.put_many(done):  # may raise (a journal write failed): the lease still goes
-                if old is not None:
-                    self._free_after_flush(old)
+            # may raise (a journal write failed): the lease still goes
+            self._free_after_flush(self.catalog.put_many(done))
             self.counters["puts"] += len(done)
             with self._lock:
                 self._written.update(drv for _, e in done for drv, _, _, _ in e.extents)
@@ -952,7 +701,7 @@ class KVStore:
             self._reclaim(SETTLE_S)
             return self.pool.lease(nbytes)
 
-    def _give_back(self, a: _Abandoned) -> None:
+    def _give_back(self, a: Abandoned) -> None:
         """A batch whose wait() raised: wait out its I/Os and verify jobs, then give back its buffers
         and extents.  If the engine cannot confirm its I/O is over, they stay quarantined (a late DMA
         into a reused buffer would be wrong data) until a later _reclaim finds it over."""
@@ -977,7 +726,7 @@ class KVStore:
             else:
                 q.append(a)
 
-    def _settled(self, a: _Abandoned, timeout: float) -> bool:
+    def _settled(self, a: Abandoned, timeout: float) -> bool:
         """Drive completions until ``a``'s I/Os are back (up to ``timeout`` s); True once they are and its
         verify jobs (CPU work that always ends: waited for unless ``timeout`` is 0) are done."""
         end = time.monotonic() + timeout
@@ -997,20 +746,23 @@ class KVStore:
                 job.wait()
         return all(job.done for job in a.jobs)
 
-    def _release(self, a: _Abandoned) -> None:
+    def _release(self, a: Abandoned) -> None:
         if a.lease is not None:
             a.lease.release()
         for e in a.extents:
             self._free(e)
 
-    def _free_after_flush(self, e: Entry) -> None:
-        """Free a replaced or deleted object's extents only once that change is durable.
+    def _free_after_flush(self, replaced: Iterable[Entry | None]) -> None:
+        """Free replaced or deleted objects' extents (None: nothing was there) only once that change is
+        durable.
 
         Until the next flush, a crash recovers the catalog as it was, still pointing at these
         extents: reusing them earlier would let a newer object's data destroy a flushed one.
         """
-        with self._lock:
-            self._deferred.append(e)
+        gone = [e for e in replaced if e is not None]
+        if gone:
+            with self._lock:
+                self._deferred.extend(gone)
 
     # ---- reads -----------------------------------------------------------------------
     def submit_get(self, keys: Sequence[bytes], into: Sequence[object | None] | None = None,
@@ -1285,16 +1037,26 @@ class KVStore:
         return len(self.catalog)
 
     def delete(self, key: bytes) -> bool:
-        """Drop ``key``; a follower only forgets it, until its writer journals it again."""
-        return self.delete_digest(key_digest(key))
+        """Drop ``key``; a follower only forgets it, until its writer journals it again.  Its extents
+        are reused once the delete is durable (the next flush)."""
+        return self.delete_digests([key_digest(key)])[0]
+
+    def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """:meth:`delete` for a batch (an eviction, a forgotten set of pages): one catalog lock and
+        journal write for all; per key, whether it was stored."""
+        return self.delete_digests([key_digest(k) for k in keys])
 
     def delete_digest(self, digest: bytes) -> bool:
         """Drop the object whose key digest is ``digest`` (a restart recovers digests, not keys)."""
+        return self.delete_digests([digest])[0]
+
+    def delete_digests(self, digests: Sequence[bytes]) -> list[bool]:
+        """:meth:`delete_digest` for a batch."""
         self._check_open()
-        old = self.catalog.delete(digest)
-        if old is not None and not self.config.follow:
+        old = self.catalog.delete_many(digests)
+        if not self.config.follow:
             self._free_after_flush(old)
-        return old is not None
+        return [e is not None for e in old]
 
     def refresh(self) -> bool:
         """A follower (``StoreConfig.follow``): take in what its writer has journaled since the
@@ -1346,7 +1108,8 @@ class KVStore:
             lost.update(i for i in written if not self.drives[i].healthy)
             self._not_durable.update(lost)
         if lost:
-            dropped = [dg for dg in self.catalog.written_since(since, sorted(lost)) if self.delete_digest(dg)]
+            written = self.catalog.written_since(since, sorted(lost))
+            dropped = [dg for dg, held in zip(written, self.delete_digests(written)) if held]
             with self._lock:
                 self._dropped += dropped
             log.error("%d objects written to drives %s since the last flush are not durable: deleted",

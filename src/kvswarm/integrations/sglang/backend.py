@@ -626,7 +626,7 @@ class KVSwarmHiCacheStorage(HiCacheStorage):
         store = self._store(PoolName.KV)
         if store is None:
             return 0
-        n = sum(store.delete(self._key(k)) for k in keys)
+        n = sum(store.delete_many([self._key(k) for k in keys]))
         try:
             store.flush()  # their space is reused only once the deletes are durable
         except (KVSwarmError, OSError) as e:  # the deletes stand (a failed catalog sync: the next flush frees)

@@ -870,13 +870,15 @@ class KVSwarmTierManager(SecondaryTierManager):
 
     def _evict(self, victims: list[bytes]) -> None:
         """Delete evicted chunks (driver thread); one still being written goes once its write ends."""
+        now = []
         for v in victims:
             if v in self._writing:
                 self._delete_after_write.add(v)
-                continue
-            self._delete_after_write.discard(v)
-            if self.store.delete(v):
-                self._evicted_since_flush += 1
+            else:
+                self._delete_after_write.discard(v)
+                now.append(v)
+        if now:
+            self._evicted_since_flush += sum(self.store.delete_many(now))
 
     def _drop_unreadable(self) -> None:
         """Once a drive has failed (seen in the count of healthy drives: a few attribute reads a step), delete
