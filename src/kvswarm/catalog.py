@@ -32,32 +32,30 @@ import numpy as np
 import xxhash
 from numpy.lib.stride_tricks import sliding_window_view
 
+from kvswarm.catalog_format import (
+    CHECKPOINT,
+    CHECKPOINT_HEADER,
+    CHECKPOINT_MAGIC,
+    CKPT_DTYPE,
+    CRC,
+    EXTENT,
+    EXTENT_NP,
+    JOURNAL,
+    JOURNAL_HEADER,
+    JOURNAL_MAGIC,
+    OP_DEL,
+    OP_PUT,
+    RECORD,
+    RECORD_NP,
+    damaged_at,
+    encode,
+    encode_puts,
+)
 from kvswarm.digest_index import new_digest_index
 from kvswarm.errors import KVSwarmError, MetadataError
 from kvswarm.format import HEADER_SIZE
 
 log = logging.getLogger(__name__)
-JOURNAL = "catalog.journal"
-CHECKPOINT = "catalog.ckpt"
-_JHDR = struct.Struct("<8sQ")  # magic, epoch
-_J_MAGIC = b"KVSWJRN1"
-_C_MAGIC = b"KVSWCKP1"
-_CHDR = struct.Struct("<8sQQQQ")  # magic, epoch (of the journal that follows), next generation, rows, xxh64(body)
-_REC = struct.Struct("<IB16sQIH")  # record length, op, digest, generation, payload length, extent count
-_EXT = struct.Struct("<HQIQ")  # drive, offset, length, payload checksum
-# The same two layouts as numpy records (packed), for parsing many journal records at once.
-_REC_NP = np.dtype([("len", "<u4"), ("op", "u1"), ("digest", "V16"), ("generation", "<u8"), ("payload_len", "<u4"),
-                    ("parts", "<u2")])
-_EXT_NP = np.dtype([("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
-assert _REC_NP.itemsize == _REC.size and _EXT_NP.itemsize == _EXT.size
-_CRC = struct.Struct("<I")
-OP_PUT, OP_DEL = 1, 2
-# A put record of a one-extent entry, whole (record, extent, CRC over the rest): encoded by the batch.
-_PUT1_NP = np.dtype(_REC_NP.descr + _EXT_NP.descr + [("crc", "<u4")])
-
-# One checkpoint row per extent.
-CKPT_DTYPE = np.dtype([("digest", "S16"), ("generation", "<u8"), ("payload_len", "<u4"), ("part", "<u2"),
-                       ("parts", "<u2"), ("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
 
 
 class Extent(NamedTuple):
@@ -128,80 +126,6 @@ def _no_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _encode(op: int, digest: bytes, e: Entry | None, _rec=_REC.pack, _ext=_EXT.pack, _crc=_CRC.pack,
-            _h32=xxhash.xxh32_intdigest) -> bytes:
-    if e is None:
-        body = _rec(_REC.size + _CRC.size, op, digest, 0, 0, 0)
-    else:
-        exts = e.extents
-        body = _rec(_REC.size + len(exts) * _EXT.size + _CRC.size, op, digest, e.generation, e.payload_len, len(exts))
-        body += _ext(*exts[0]) if len(exts) == 1 else b"".join([_ext(*x) for x in exts])
-    return body + _crc(_h32(body))
-
-
-def _encode_puts(digests: list[bytes], generation: object, payload_len: object, drive: object, offset: object,
-                 length: object, csum: object, _h32=xxhash.xxh32_intdigest) -> bytes:
-    """``_encode(OP_PUT, d, e)`` for one-extent objects given as columns (sequences or arrays), at once."""
-    rec = np.zeros(len(digests), _PUT1_NP)
-    rec["len"], rec["op"], rec["parts"] = _PUT1_NP.itemsize, OP_PUT, 1
-    rec["digest"] = np.array(digests, "V16")
-    rec["generation"], rec["payload_len"] = generation, payload_len
-    rec["drive"], rec["offset"], rec["length"], rec["csum"] = drive, offset, length, csum
-    size, body = _PUT1_NP.itemsize, _PUT1_NP.itemsize - _CRC.size
-    mv = memoryview(rec.view(np.uint8))
-    rec["crc"] = [_h32(mv[o:o + body]) for o in range(0, len(digests) * size, size)]
-    return rec.tobytes()
-
-
-def _record_end(data: bytes, pos: int) -> int | None:
-    """Where the journal record at ``pos`` ends, if a whole, valid one starts there."""
-    if pos + _REC.size + _CRC.size > len(data):
-        return None
-    ln = _CRC.unpack_from(data, pos)[0]
-    if ln < _REC.size + _CRC.size or pos + ln > len(data):
-        return None
-    return pos + ln if xxhash.xxh32_intdigest(data[pos:pos + ln - 4]) == _CRC.unpack_from(data, pos + ln - 4)[0] \
-        else None
-
-
-def holds_nothing(meta_dir: str) -> bool:
-    """``meta_dir`` has no checkpoint and no journal record: no object was ever recorded there (what an
-    open that died while making a new store leaves)."""
-    jp = os.path.join(meta_dir, JOURNAL)
-    if os.path.exists(os.path.join(meta_dir, CHECKPOINT)):
-        return False
-    if not os.path.exists(jp):
-        return True
-    with open(jp, "rb") as f:
-        data = f.read(_JHDR.size + 1)
-    return data == _JHDR.pack(_J_MAGIC, 0)  # the first epoch's journal, without a record
-
-
-_MIN_REC, _MAX_REC = _REC.size + _CRC.size, _REC.size + 0xFFFF * _EXT.size + _CRC.size
-
-
-def _damaged_at(data: bytes, end: int, window: int = 1 << 20) -> bool:
-    """The bad record at ``end`` is damage, not a torn tail: a whole, valid record follows it.  A crash
-    mid-append leaves only part of one record at the end; a bit flipped in a record (its length
-    field too) leaves the records after it intact.  Looked for at every byte after ``end`` whose
-    length and op fields are plausible (numpy, a window at a time), then by its CRC."""
-    n = len(data)
-    for at in range(end + 1, n - _MIN_REC + 1, window):
-        b = np.frombuffer(data, np.uint8, count=min(window + 4, n - at), offset=at)
-        m = len(b) - 4
-        if m <= 0:
-            break
-        ln = b[:m].astype(np.uint32) | b[1:m + 1].astype(np.uint32) << 8 | b[2:m + 2].astype(np.uint32) << 16 \
-            | b[3:m + 3].astype(np.uint32) << 24
-        op = b[4:m + 4]
-        pos = np.arange(at, at + m)
-        cand = np.flatnonzero((ln >= _MIN_REC) & (ln <= _MAX_REC) & ((op == OP_PUT) | (op == OP_DEL))
-                              & (pos + ln <= n))
-        if any(_record_end(data, at + int(c)) is not None for c in cand.tolist()):
-            return True
-    return False
 
 
 class Entries(Mapping[bytes, Entry]):
@@ -354,12 +278,12 @@ class Catalog:
                 self._journal_seen = (ino, len(data))
                 self._keep_journal(kept)
                 # The journal is always replaced whole (written aside, renamed): a bad header is damage.
-                if len(data) < _JHDR.size or _JHDR.unpack_from(data)[0] != _J_MAGIC:
+                if len(data) < JOURNAL_HEADER.size or JOURNAL_HEADER.unpack_from(data)[0] != JOURNAL_MAGIC:
                     raise CatalogCorrupt(f"journal {jp} has no valid header (damaged)")
-                epoch = _JHDR.unpack_from(data)[1]
+                epoch = JOURNAL_HEADER.unpack_from(data)[1]
                 if epoch == self.epoch:
-                    end = self._replay(data, _JHDR.size)
-                    if self.torn_tail and _damaged_at(data, end):
+                    end = self._replay(data, JOURNAL_HEADER.size)
+                    if self.torn_tail and damaged_at(data, end):
                         raise CatalogCorrupt(f"journal {jp} is damaged at byte {end}: valid records follow a bad one")
                     if self.follow:  # a torn tail is the writer's append in progress: read again later
                         self._applied = end
@@ -444,13 +368,13 @@ class Catalog:
             return False
         st = os.fstat(fd)
         data = os.pread(fd, st.st_size, 0)
-        if len(data) < _JHDR.size or _JHDR.unpack_from(data) != (_J_MAGIC, self.epoch + 1):
+        if len(data) < JOURNAL_HEADER.size or JOURNAL_HEADER.unpack_from(data) != (JOURNAL_MAGIC, self.epoch + 1):
             os.close(fd)
             return False
         self._keep_journal(fd)
         self.epoch += 1
         self._journal_seen = (st.st_ino, len(data))
-        self._applied = self._replay(data, _JHDR.size)
+        self._applied = self._replay(data, JOURNAL_HEADER.size)
         return True
 
     def _keep_journal(self, fd: int) -> None:
@@ -461,12 +385,12 @@ class Catalog:
 
     def _load_checkpoint(self, path: str) -> None:
         with open(path, "rb") as f:
-            head = f.read(_CHDR.size)
+            head = f.read(CHECKPOINT_HEADER.size)
             body = f.read()
-        if len(head) < _CHDR.size:
-            raise CatalogCorrupt(f"checkpoint {path} is truncated ({len(head)} B, its header is {_CHDR.size} B)")
-        magic, epoch, next_gen, rows, csum = _CHDR.unpack(head)
-        if magic != _C_MAGIC or len(body) != rows * CKPT_DTYPE.itemsize or xxhash.xxh64_intdigest(body) != csum:
+        if len(head) < CHECKPOINT_HEADER.size:
+            raise CatalogCorrupt(f"checkpoint {path} is truncated ({len(head)} B, its header is {CHECKPOINT_HEADER.size} B)")
+        magic, epoch, next_gen, rows, csum = CHECKPOINT_HEADER.unpack(head)
+        if magic != CHECKPOINT_MAGIC or len(body) != rows * CKPT_DTYPE.itemsize or xxhash.xxh64_intdigest(body) != csum:
             raise CatalogCorrupt(f"checkpoint {path} is corrupt")
         self.epoch, self.next_generation = epoch, next_gen
         arr = np.frombuffer(body, CKPT_DTYPE)
@@ -497,11 +421,11 @@ class Catalog:
         latest: dict[bytes, int] = {}  # digest -> its last put (index into ``puts``), -1: deleted
         puts: list[int] = []  # offsets of put records
         view = memoryview(data)
-        h32, crc_at, len_at = xxhash.xxh32_intdigest, _CRC.unpack_from, struct.Struct("<I").unpack_from
+        h32, crc_at, len_at = xxhash.xxh32_intdigest, CRC.unpack_from, struct.Struct("<I").unpack_from
         replayed = 0
-        while pos + _REC.size + _CRC.size <= n:
+        while pos + RECORD.size + CRC.size <= n:
             ln = len_at(data, pos)[0]
-            if ln < _REC.size + _CRC.size or pos + ln > n:
+            if ln < RECORD.size + CRC.size or pos + ln > n:
                 break
             if h32(view[pos:pos + ln - 4]) != crc_at(data, pos + ln - 4)[0]:
                 break
@@ -523,17 +447,17 @@ class Catalog:
             raw = np.frombuffer(data, np.uint8)
             at = np.array(puts, np.int64)
             # Each record's bytes as one row of a sliding window over the journal (a view, no copy).
-            recs = sliding_window_view(raw, _REC.size)[at].view(_REC_NP)[:, 0]
+            recs = sliding_window_view(raw, RECORD.size)[at].view(RECORD_NP)[:, 0]
             self.next_generation = max(self.next_generation, int(recs["generation"].max()) + 1)
             keep = [(d, i) for d, i in latest.items() if i >= 0]
             k = np.array([i for _, i in keep], np.int64)
-            recs, at = recs[k], at[k] + _REC.size
-            exts = sliding_window_view(raw, _EXT.size)[at].view(_EXT_NP)[:, 0]  # each object's first extent
+            recs, at = recs[k], at[k] + RECORD.size
+            exts = sliding_window_view(raw, EXTENT.size)[at].view(EXTENT_NP)[:, 0]  # each object's first extent
             digests = [d for d, _ in keep]
             new = [d for d in digests if d not in index]
             index.update(zip(new, self._new_rows(len(new))))
             rows = np.array([index[d] for d in digests], np.int64)
-            multi = {int(rows[j]): tuple(Extent._make(_EXT.unpack_from(data, int(at[j]) + p * _EXT.size))
+            multi = {int(rows[j]): tuple(Extent._make(EXTENT.unpack_from(data, int(at[j]) + p * EXTENT.size))
                                          for p in range(int(recs["parts"][j])))
                      for j in np.flatnonzero(recs["parts"] > 1).tolist()}
             self._set_columns(rows, {"digest": recs["digest"], "generation": recs["generation"],
@@ -548,7 +472,7 @@ class Catalog:
     def _reset_journal(self) -> None:
         tmp = self._path(JOURNAL + ".tmp")
         with open(tmp, "wb") as f:
-            f.write(_JHDR.pack(_J_MAGIC, self.epoch))
+            f.write(JOURNAL_HEADER.pack(JOURNAL_MAGIC, self.epoch))
             f.flush()  # out of Python's buffer before the fsync: else it reaches the disk only at close
             os.fsync(f.fileno())
         os.replace(tmp, self._path(JOURNAL))
@@ -612,7 +536,7 @@ class Catalog:
                     rows.append(-1 if row is None else row)
                     digests.append(digest)
                     entries.append(entry)
-                self._append(_encode(OP_PUT, digest, entry))
+                self._append(encode(OP_PUT, digest, entry))
             for k, r in zip(new, self._new_rows(len(new))):
                 rows[k] = r
             self._set(rows, digests, entries)
@@ -639,7 +563,7 @@ class Catalog:
                 out.append(self._entry(row))
                 self._drop(row)
                 if not self.follow:  # a follower only forgets it (until the writer journals it again)
-                    self._append(_encode(OP_DEL, digest, None))
+                    self._append(encode(OP_DEL, digest, None))
             self._write_if_many()
         return out
 
@@ -797,7 +721,7 @@ class Catalog:
         if len(set(digests)) < len(digests) or any(map(self._index.__contains__, digests)):
             return False
         rows = self._new_rows(len(digests))
-        self._append(_encode_puts(digests, generation, payload_len, drive, offset, length, csum), len(digests))
+        self._append(encode_puts(digests, generation, payload_len, drive, offset, length, csum), len(digests))
         self._set_columns(np.array(rows, np.int64), {
             "digest": np.array(digests, "V16"), "generation": generation, "payload_len": payload_len,
             "parts": 1, "drive": drive, "offset": offset, "length": length, "csum": csum}, {})
@@ -863,7 +787,7 @@ class Catalog:
                 epoch = self.epoch + 1
                 try:
                     with open(tmp, "wb") as f:
-                        f.write(_CHDR.pack(_C_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
+                        f.write(CHECKPOINT_HEADER.pack(CHECKPOINT_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
                         f.write(body)
                         f.flush()  # out of Python's buffer before the fsync
                         os.fsync(f.fileno())

@@ -445,8 +445,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                 for i, method in enumerate(methods):
                     with console.status(f"writing {n} x {_fmt_size(size)} objects raw, then through the store"):
                         if i:
-                            for k in run.keys:
-                                store.delete(k)
+                            store.delete_many(run.keys)
                             store.flush()
                         w = method()
                         w.seconds += _sync(wfds)  # durable, as the store's flush makes its writes

@@ -27,7 +27,8 @@ import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
-from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable, holds_nothing
+from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
+from kvswarm.catalog_format import holds_nothing
 from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
 from kvswarm.errors import (
     ConfigError,
