@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, CatalogCorrupt, Entry
 
 digests = st.binary(min_size=16, max_size=16)
-ops = st.lists(st.tuples(st.sampled_from(["put", "del", "ckpt"]), st.integers(0, 15), st.integers(1, 4)),
+ops = st.lists(st.tuples(st.sampled_from(["put", "del", "dels", "ckpt"]), st.integers(0, 15), st.integers(1, 4)),
                max_size=60)
 
 
@@ -21,8 +21,10 @@ def _apply(cat: Catalog, model: dict, keys: list[bytes], op: str, k: int, parts:
         cat.put(d, e)
         model[d] = e
     elif op == "del":
-        cat.delete(d)
-        model.pop(d, None)
+        assert cat.delete(d) == model.pop(d, None)
+    elif op == "dels":  # a batch, a digest repeated in it too: held the first time only
+        batch = [keys[(k + i) % len(keys)] for i in range(parts)] + [d]
+        assert cat.delete_many(batch) == [model.pop(x, None) for x in batch]
     else:
         cat.checkpoint()
 
