@@ -388,7 +388,8 @@ class Catalog:
             head = f.read(CHECKPOINT_HEADER.size)
             body = f.read()
         if len(head) < CHECKPOINT_HEADER.size:
-            raise CatalogCorrupt(f"checkpoint {path} is truncated ({len(head)} B, its header is {CHECKPOINT_HEADER.size} B)")
+            raise CatalogCorrupt(f"checkpoint {path} is truncated ({len(head)} B, its header is "
+                                 f"{CHECKPOINT_HEADER.size} B)")
         magic, epoch, next_gen, rows, csum = CHECKPOINT_HEADER.unpack(head)
         if magic != CHECKPOINT_MAGIC or len(body) != rows * CKPT_DTYPE.itemsize or xxhash.xxh64_intdigest(body) != csum:
             raise CatalogCorrupt(f"checkpoint {path} is corrupt")
@@ -551,8 +552,8 @@ class Catalog:
         return self.delete_many([digest])[0]
 
     def delete_many(self, digests: Sequence[bytes]) -> list[Entry | None]:
-        """Drop each digest held, under one lock and one journal write; per digest, the entry it had
-        (None where it held none)."""
+        """Drop each digest held, under one lock, their journal records appended together; per digest,
+        the entry it had (None where it held none)."""
         out: list[Entry | None] = []
         with self._lock:
             for digest in digests:
@@ -787,7 +788,8 @@ class Catalog:
                 epoch = self.epoch + 1
                 try:
                     with open(tmp, "wb") as f:
-                        f.write(CHECKPOINT_HEADER.pack(CHECKPOINT_MAGIC, epoch, self.next_generation, rows, xxhash.xxh64_intdigest(body)))
+                        f.write(CHECKPOINT_HEADER.pack(CHECKPOINT_MAGIC, epoch, self.next_generation, rows,
+                                                       xxhash.xxh64_intdigest(body)))
                         f.write(body)
                         f.flush()  # out of Python's buffer before the fsync
                         os.fsync(f.fileno())

@@ -19,7 +19,8 @@ CHECKPOINT = "catalog.ckpt"
 JOURNAL_HEADER = struct.Struct("<8sQ")  # magic, epoch
 JOURNAL_MAGIC = b"KVSWJRN1"
 CHECKPOINT_MAGIC = b"KVSWCKP1"
-CHECKPOINT_HEADER = struct.Struct("<8sQQQQ")  # magic, epoch (of the journal that follows), next generation, rows, xxh64(body)
+# magic, epoch (of the journal that follows), next generation, rows, xxh64(body)
+CHECKPOINT_HEADER = struct.Struct("<8sQQQQ")
 RECORD = struct.Struct("<IB16sQIH")  # record length, op, digest, generation, payload length, extent count
 EXTENT = struct.Struct("<HQIQ")  # drive, offset, length, payload checksum
 # The same two layouts as numpy records (packed), for parsing many journal records at once.
@@ -43,7 +44,8 @@ def encode(op: int, digest: bytes, e: Entry | None, _rec=RECORD.pack, _ext=EXTEN
         body = _rec(RECORD.size + CRC.size, op, digest, 0, 0, 0)
     else:
         exts = e.extents
-        body = _rec(RECORD.size + len(exts) * EXTENT.size + CRC.size, op, digest, e.generation, e.payload_len, len(exts))
+        body = _rec(RECORD.size + len(exts) * EXTENT.size + CRC.size, op, digest, e.generation, e.payload_len,
+                    len(exts))
         body += _ext(*exts[0]) if len(exts) == 1 else b"".join([_ext(*x) for x in exts])
     return body + _crc(_h32(body))
 

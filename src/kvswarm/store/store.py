@@ -1043,8 +1043,8 @@ class KVStore:
         return self.delete_digests([key_digest(key)])[0]
 
     def delete_many(self, keys: Sequence[bytes]) -> list[bool]:
-        """:meth:`delete` for a batch (an eviction, a forgotten set of pages): one catalog lock and
-        journal write for all; per key, whether it was stored."""
+        """:meth:`delete` for a batch (an eviction, a forgotten set of pages): one catalog lock for all,
+        their journal records appended together; per key, whether it was stored."""
         return self.delete_digests([key_digest(k) for k in keys])
 
     def delete_digest(self, digest: bytes) -> bool:
