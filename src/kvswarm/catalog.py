@@ -21,7 +21,6 @@ import contextlib
 import gc
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -46,6 +45,7 @@ from kvswarm.catalog_format import (
     OP_DEL,
     OP_PUT,
     RECORD,
+    RECORD_LEN,
     RECORD_NP,
     damaged_at,
     encode,
@@ -422,7 +422,7 @@ class Catalog:
         latest: dict[bytes, int] = {}  # digest -> its last put (index into ``puts``), -1: deleted
         puts: list[int] = []  # offsets of put records
         view = memoryview(data)
-        h32, crc_at, len_at = xxhash.xxh32_intdigest, CRC.unpack_from, struct.Struct("<I").unpack_from
+        h32, crc_at, len_at = xxhash.xxh32_intdigest, CRC.unpack_from, RECORD_LEN.unpack_from
         replayed = 0
         while pos + RECORD.size + CRC.size <= n:
             ln = len_at(data, pos)[0]

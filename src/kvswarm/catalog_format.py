@@ -29,6 +29,7 @@ RECORD_NP = np.dtype([("len", "<u4"), ("op", "u1"), ("digest", "V16"), ("generat
 EXTENT_NP = np.dtype([("drive", "<u2"), ("offset", "<u8"), ("length", "<u4"), ("csum", "<u8")])
 assert RECORD_NP.itemsize == RECORD.size and EXTENT_NP.itemsize == EXTENT.size
 CRC = struct.Struct("<I")
+RECORD_LEN = struct.Struct("<I")  # a record's first field: its whole length, CRC included
 OP_PUT, OP_DEL = 1, 2
 # A put record of a one-extent entry, whole (record, extent, CRC over the rest): encoded by the batch.
 PUT1_NP = np.dtype(RECORD_NP.descr + EXTENT_NP.descr + [("crc", "<u4")])

@@ -19,6 +19,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from kvswarm.drive import DATA_FILE
+from kvswarm.errors import KVSwarmError
 from kvswarm.integrations.lmcache import KVSwarmLMCacheBackend
 from kvswarm.integrations.lmcache.backend import store_dir
 from kvswarm.integrations.lmcache.harness import (
@@ -220,6 +221,28 @@ def test_a_failed_drive_degrades_to_misses(drives):
     new = chunk_keys(cfg, meta, text_tokens(3 * CHUNK, seed=8))
     store(sm, new, meta, first=100)  # stores go on, to the healthy drive
     assert plugin.batched_contains(new) == 3
+    sm.close()
+
+
+def test_chunks_a_failed_flush_left_not_durable_fail_and_are_dropped(drives, monkeypatch):
+    sm, cfg, meta = open_manager(drives)
+    plugin = sm.storage_backends["kvswarm"]
+    kept = chunk_keys(cfg, meta, text_tokens(2 * CHUNK, seed=10))
+    store(sm, kept, meta)
+
+    def sync_fails() -> None:
+        raise KVSwarmError("catalog sync failed")
+
+    monkeypatch.setattr(plugin.store, "flush", sync_fails)
+    lost = chunk_keys(cfg, meta, text_tokens(3 * CHUNK, seed=11))
+    objs = [allocate_chunk(sm, meta, chunk_bytes(50 + i, SMOLLM2.chunk_bytes(CHUNK))) for i in range(len(lost))]
+    futures = plugin.batched_submit_put_task(lost, objs)
+    for o in objs:
+        o.ref_count_down()
+    assert [r for f in futures for r in f.result(timeout=30)] == [False] * len(lost)
+    assert [plugin.contains(k) for k in lost] == [False] * len(lost)  # deleted, as one batch
+    assert plugin.batched_contains(kept) == len(kept)  # what an earlier flush made durable stays
+    monkeypatch.undo()
     sm.close()
 
 

@@ -345,10 +345,10 @@ class KVSwarmLMCacheBackend(StoragePluginInterface):
             log.error("kvswarm LMCache plugin: flush failed: %s", e)
             lost = None
         unreadable = set(self.store.unreadable_digests()) if lost else set()
-        for i, (_, sk, _) in enumerate(items):
-            if ok[i] and (lost is None or key_digest(sk) in unreadable):
-                self.store.delete(sk)
-                ok[i] = False
+        gone = [i for i, (_, sk, _) in enumerate(items) if ok[i] and (lost is None or key_digest(sk) in unreadable)]
+        self.store.delete_many([items[i][1] for i in gone])
+        for i in gone:
+            ok[i] = False
 
     def _batches(self, costs: list[int], submit: Callable[[int, int], Any],
                  finish: Callable[[int, int, Any], None], per_batch: int = 0, in_flight: int = 2,
