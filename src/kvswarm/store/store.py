@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
-import json
 import logging
 import os
 import stat
@@ -28,8 +26,7 @@ import numpy as np
 from kvswarm.allocator import ExtentAllocator
 from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
-from kvswarm.catalog_format import holds_nothing
-from kvswarm.drive import Drive, ever_written, failed_drive, format_drive, open_drive, read_superblock
+from kvswarm.drive import Drive, failed_drive, format_drive, open_drive
 from kvswarm.errors import (
     ConfigError,
     DriveError,
@@ -37,7 +34,6 @@ from kvswarm.errors import (
     DriveUnavailable,
     FlushError,
     KVSwarmError,
-    MetadataError,
 )
 from kvswarm.format import (
     ALIGN,
@@ -57,48 +53,26 @@ from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
 from kvswarm.store import verify
 from kvswarm.store.config import StoreConfig, device_queue_depth
+from kvswarm.store import shape
 from kvswarm.store.handles import Abandoned, GetHandle, GetResult, NativeGetHandle, PutHandle
+from kvswarm.store.meta_dir import (
+    MANIFEST,
+    lock_writer,
+    prepare_meta_dir,
+    read_manifest,
+    unfinished_store,
+    write_manifest,
+)
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
+from kvswarm.store.shape import BatchShape
+from kvswarm.store.space import rebuild_allocators
 from kvswarm.store.verify import Check, Reads, hand_over
 
 log = logging.getLogger(__name__)
 SETTLE_S = 5.0  # how long a failed batch's I/O is waited for before its buffers are quarantined
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
-MANIFEST = "store.json"
-WRITER_LOCK = "writer.lock"  # flock'd by the one process that writes the store
 MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
 MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
-
-
-def write_manifest(meta_dir: str, store_uuid: bytes, drives: Sequence[str], stripe_unit: int) -> None:
-    """Write a store's manifest (fsynced, renamed into place): what makes ``meta_dir`` a store."""
-    path = os.path.join(meta_dir, MANIFEST)
-    m = {"format": 1, "uuid": store_uuid.hex(), "drives": [os.path.abspath(p) for p in drives],
-         "stripe_unit": stripe_unit}
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(m, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(meta_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise MetadataError(f"cannot write manifest {path}: {e.strerror}") from e
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """How a caller should cut a stream of reads or writes (:meth:`KVStore.read_shape`,
-    :meth:`KVStore.write_shape`): ``keys`` per submit_get / submit_put batch, ``inflight`` batches
-    outstanding."""
-
-    keys: int
-    inflight: int
 
 
 @dataclass(frozen=True)
@@ -207,17 +181,17 @@ class KVStore:
         if meta is None:
             raise KVSwarmError("all drives are block devices: set StoreConfig.meta_dir for the catalog")
         self.meta_dir = meta
-        self._prepare_meta_dir()
-        self._writer_lock = -1 if config.follow else self._lock_writer()
+        prepare_meta_dir(meta, self._creates, config.follow)
+        self._writer_lock = -1 if config.follow else lock_writer(meta, self._creates)
         kinds = config.drive_kinds or ["ssd"] * len(config.drives)
         self.drives: list[Drive] = []
         made: list[str] = []  # files this open made, removed if it fails (a new store's data files)
         new = False
         try:
-            manifest = self._read_manifest()
+            manifest = read_manifest(meta, config.drives, self._creates)
             new = manifest is None
             if new:
-                self.store_uuid = self._unfinished_store() or uuid.uuid4().bytes
+                self.store_uuid = unfinished_store(meta, config.drives) or uuid.uuid4().bytes
             else:
                 self.store_uuid = manifest
             self._open_drives(kinds, new, made)
@@ -225,7 +199,8 @@ class KVStore:
             self.catalog = Catalog(meta, config.checkpoint_every, follow=config.follow, create=new)
             if new:
                 made += [os.path.join(meta, f) for f in (JOURNAL, CHECKPOINT)]
-            self._rebuild_allocators()  # a follower allocates nothing, but reports free space as of its open
+            # A follower allocates nothing, but reports free space as of its open.
+            rebuild_allocators(self.catalog, self.drives)
             self.reopen_seconds = time.perf_counter() - t0
             plain = make_engine(config.backend, self.queue_depth, config.single_thread_io)
             self.engine: IOEngine = plain if config.wrap_engine is None else config.wrap_engine(plain)
@@ -244,7 +219,7 @@ class KVStore:
                 for d in self.drives:
                     if d.needs_format:
                         format_drive(d, self.store_uuid)
-                self._write_manifest()
+                write_manifest(meta, self.store_uuid, config.drives, config.stripe_unit)
         except BaseException:  # e.g. io_uring refused, a bad backend name: nothing stays held, not even the lock
             if getattr(self, "engine", None) is not None:
                 self.engine.close()
@@ -273,24 +248,6 @@ class KVStore:
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
         self._abandoned: deque[Abandoned] = deque()  # their buffers go back once their I/O is over
 
-    def _lock_writer(self) -> int:
-        """Hold the store's writer lock while open: two writers would hand out the same free space
-        and interleave their journals.  The kernel drops the lock when the process dies."""
-        if not self._creates and not os.path.exists(os.path.join(self.meta_dir, MANIFEST)):
-            raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False")  # leave no lock file
-        path = os.path.join(self.meta_dir, WRITER_LOCK)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:  # a read-only or vanished meta_dir
-            raise MetadataError(f"cannot open the writer lock {path}: {e.strerror}") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise KVSwarmError(f"the store at {self.meta_dir} is open for writing elsewhere; open it with "
-                               f"follow=True to read it alongside its writer") from None
-        return fd
-
     def _unlock_writer(self) -> None:
         if self._writer_lock >= 0:
             os.close(self._writer_lock)  # releases the flock
@@ -305,64 +262,6 @@ class KVStore:
         return cls(StoreConfig(drives=list(drives), **kw))
 
     # ---- setup -----------------------------------------------------------------------
-    def _prepare_meta_dir(self) -> None:
-        """``meta_dir`` is a directory (made for a new store's writer) that this process can write."""
-        meta = self.meta_dir
-        if os.path.exists(meta) and not os.path.isdir(meta):
-            raise MetadataError(f"meta_dir {meta!r} is not a directory")
-        if self._creates:
-            try:
-                os.makedirs(meta, exist_ok=True)
-            except OSError as e:
-                raise MetadataError(f"cannot make meta_dir {meta!r}: {e.strerror}") from e
-        if not self.config.follow and os.path.isdir(meta) and not os.access(meta, os.W_OK | os.X_OK):
-            raise MetadataError(f"meta_dir {meta!r} is not writable")
-
-    def _read_manifest(self) -> bytes | None:
-        """The store uuid its manifest names (the drive list checked against the config), or None when
-        there is no manifest.  A damaged manifest is an error naming it, never a new store."""
-        path = os.path.join(self.meta_dir, MANIFEST)
-        if not os.path.exists(path):
-            if not self._creates:
-                raise KVSwarmError(f"no kvswarm store at {self.meta_dir} and create=False (or follow=True)")
-            return None
-        try:
-            with open(path, "rb") as f:
-                m = json.loads(f.read().decode())
-            sid, listed = bytes.fromhex(m["uuid"]), m["drives"]
-            if len(sid) != 16 or not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
-                raise ValueError("bad uuid or drive list")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise MetadataError(f"manifest {path} is damaged or unreadable ({type(e).__name__}: {e}); "
-                                f"`kvswarm fsck` rebuilds it from the drives") from e
-        drives = [os.path.abspath(p) for p in self.config.drives]
-        if listed != drives:
-            raise KVSwarmError(f"store at {self.meta_dir} was made with drives {listed}, not {drives}")
-        return sid
-
-    def _unfinished_store(self) -> bytes | None:
-        """A store without a manifest is new, or the rest of an open that died making it (a catalog that
-        records nothing, drives formatted for one store and never written): then its uuid, which the
-        open goes on with.
-        Anything more (records in the catalog, drives of several stores) means a store whose manifest was
-        lost: making a new store over it would destroy its evidence, so that is refused, pointing at
-        ``kvswarm fsck --repair``, which recovers it."""
-        uuids = {}
-        for i, p in enumerate(self.config.drives):
-            with contextlib.suppress(OSError):
-                if (sb := read_superblock(p)) is not None:
-                    uuids[p] = (sb[0], sb[1] == i and not ever_written(p))
-        if holds_nothing(self.meta_dir) and len({u for u, _ in uuids.values()}) <= 1 \
-                and all(ok for _, ok in uuids.values()):
-            return next(iter(uuids.values()))[0] if uuids else None
-        left = [f for f in (JOURNAL, CHECKPOINT) if os.path.exists(os.path.join(self.meta_dir, f))]
-        left += [f"drive {p} of store {u.hex()}" for p, (u, _) in uuids.items()]
-        raise MetadataError(f"manifest {os.path.join(self.meta_dir, MANIFEST)} is missing but a store is "
-                            f"there ({', '.join(left)}): run `kvswarm fsck --repair` to recover it")
-
-    def _write_manifest(self) -> None:
-        write_manifest(self.meta_dir, self.store_uuid, self.config.drives, self.config.stripe_unit)
-
     def _open_drives(self, kinds: list[str], new: bool, made: list[str]) -> None:
         """Open every drive.  A drive of an existing store that cannot be read is left out of service
         (logged, and listed by :meth:`health`): the store opens with the others.  A new store, or one
@@ -379,36 +278,6 @@ class KVStore:
             self.drives.append(d)
         if not any(d.healthy for d in self.drives):
             raise DriveError("no drive of the store can be opened: " + "; ".join(d.reason for d in self.drives))
-
-    def _rebuild_allocators(self) -> None:
-        """Free space = each drive minus the extents the catalog holds (vectorised: 1M objects)."""
-        owner, drv, off, ln = self.catalog.extent_columns()
-        # A drive unreadable at open keeps its objects (misses until it is back), so its unknown size
-        # drops none of them.
-        caps = np.array([d.capacity if d.fd >= 0 else 1 << 62 for d in self.drives], np.int64)
-        stale = (drv >= len(self.drives)) | (off + ln > caps[np.minimum(drv, len(self.drives) - 1)])
-        if stale.any():  # the drive shrank or went: drop the objects that pointed there
-            bad = np.unique(owner[stale])
-            for row in bad.tolist():
-                self.catalog.delete(self.catalog.digest_at(row))
-            keep = ~np.isin(owner, bad)
-            drv, off, ln = drv[keep], off[keep], ln[keep]
-        for d in self.drives:
-            if d.fd < 0:
-                continue
-            mine = drv == d.index
-            o, end = off[mine], off[mine] + ln[mine]
-            order = np.argsort(o, kind="stable")
-            o, end = o[order], end[order]
-            if len(o) and (o[0] < d.data_start or (o[1:] < end[:-1]).any()):
-                raise MetadataError(f"the catalog in {self.meta_dir} has overlapping extents on drive {d.index}")
-            # Adjacent extents merge into runs, so the allocator sees one entry per gap.
-            first = np.ones(len(o), bool)
-            first[1:] = o[1:] != end[:-1]
-            starts = np.flatnonzero(first)
-            lasts = np.append(starts[1:] - 1, len(o) - 1) if len(o) else starts
-            runs = zip(o[starts].tolist(), (end[lasts] - o[starts]).tolist())
-            d.alloc = ExtentAllocator.from_used(d.capacity - d.data_start, runs, start=d.data_start)
 
     # ---- writes ----------------------------------------------------------------------
     def _views(self) -> list[DriveView]:
@@ -574,12 +443,14 @@ class KVStore:
         def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
             return np.repeat(np.array(values, dtype), nparts)
 
-        obj_len, gen = per_extent([n for _, _, n, _ in objs], np.int64), per_extent([g for _, g, _, _ in objs], np.int64)
+        obj_len = per_extent([n for _, _, n, _ in objs], np.int64)
+        gen = per_extent([g for _, g, _, _ in objs], np.int64)
         sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
                               plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(), obj_len, part,
                               np.repeat(nparts, nparts), gen)
         if len(cols) == len(objs):  # one extent per object
-            return _Singles([d for d, *_ in objs], gen, obj_len, drive, offset, ext_len, sums), (drive, offset, ext_len, at)
+            singles = _Singles([d for d, *_ in objs], gen, obj_len, drive, offset, ext_len, sums)
+            return singles, (drive, offset, ext_len, at)
         csums = sums.tolist()
         staged: list[tuple[bytes, Entry, int]] = []
         k = 0
@@ -1320,41 +1191,18 @@ class KVStore:
         return self.pool.largest_free
 
     def read_shape(self, object_bytes: int) -> BatchShape:
-        """The batch shape that keeps this store's drives busy for reads of objects taking
-        ``object_bytes`` each (:meth:`object_bytes`): four times every healthy drive's queue depth
-        of extents outstanding, in at least four batches, so that while the caller finishes one
-        batch and submits the next the ring still has reads queued to refill from (two ring-fulls
-        in two batches left the drives short: 4 KiB reads over four directories at 0.80-0.88 of
-        raw's rate against 0.9-1.0 with four batches, 16 KiB 0.80 against 0.89-0.93).  Batches of
-        at most 4 MiB and 256 keys (a batch's fixed cost shared by many keys) but at least 4 keys
-        (one submission per few large objects), all within half the buffer pool."""
-        return self._shape(object_bytes, 4 << 20, 4, 256)
+        """How to cut reads of objects taking ``object_bytes`` each (:meth:`object_bytes`) to keep
+        this store's healthy drives busy (:func:`kvswarm.store.shape.read_shape`)."""
+        return shape.read_shape(object_bytes, self._shape_drives())
 
     def write_shape(self, object_bytes: int) -> BatchShape:
-        """The batch shape for a stream of puts of objects taking ``object_bytes`` each: batches of
-        up to 8 MiB and 2048 keys (a put batch also allocates, packs and journals its objects, a
-        larger fixed cost to share), at least four of them in flight and enough to fill every
-        healthy drive's queue depth once, all within half the buffer pool.  Once; not four times
-        as for reads: a put's bytes are packed before it is submitted, so queued batches have no
-        refill gap to cover, and more bytes in flight only queue in the store (1 MiB objects over
-        four directories, 8 MiB batches, against raw io_uring writes at depth 32 and 128, all
-        fdatasync'd: 4 in flight 0.81 of raw's rate, 16 (the drives' depth) 0.92-1.07, 32 0.87-0.94)."""
-        return self._shape(object_bytes, 8 << 20, 1, 2048, cover=1)
+        """How to cut a stream of puts of objects taking ``object_bytes`` each
+        (:func:`kvswarm.store.shape.write_shape`)."""
+        return shape.write_shape(object_bytes, self._shape_drives())
 
-    def _shape(self, object_bytes: int, batch_bytes: int, min_keys: int, max_keys: int,
-               cover: int = 4) -> BatchShape:
-        size = max(ALIGN, object_bytes)
-        extents = max(1, -(-size // self.config.stripe_unit))
-        keys = max(min_keys, min(max_keys, batch_bytes // size))
-        healthy = sum(d.healthy for d in self.drives) or 1
-        want = cover * healthy * self.queue_depth
-        inflight = max(4, -(-want // (keys * extents)))
-        room = self.config.buffer_pool_bytes // 2
-        while inflight > 2 and keys * inflight * size > room:
-            inflight -= 1
-        while keys > 1 and keys * inflight * size > room:
-            keys //= 2
-        return BatchShape(keys, inflight)
+    def _shape_drives(self) -> shape.Drives:
+        return shape.Drives(self.config.stripe_unit, sum(d.healthy for d in self.drives), self.queue_depth,
+                            self.config.buffer_pool_bytes)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
         """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,
