@@ -25,8 +25,8 @@ try:  # the native verify-and-copy worker (kvswarm/native/verify.c), where the b
     from kvswarm.store._verify import submit as verify_submit
 
     atexit.register(_drain_verify)  # no job may still be reading the pool while the interpreter frees it
-except ImportError:
-    verify_submit = None
+except ImportError:  # the Python checks alone; nothing then asks for the worker's help
+    verify_submit = verify_assist = None
 
 VERIFY_JOB_BYTES = 4 << 20  # payload bytes per native verify job (see check_batch)
 
