@@ -19,7 +19,7 @@ class BatchShape:
 
 
 @dataclass(frozen=True)
-class Drives:
+class Resources:
     """What a shape is fitted to: the stripe unit, the healthy drives and each one's queue depth, and
     the buffer pool every batch in flight leases from."""
 
@@ -29,7 +29,7 @@ class Drives:
     pool_bytes: int
 
 
-def read_shape(object_bytes: int, drives: Drives) -> BatchShape:
+def read_shape(object_bytes: int, res: Resources) -> BatchShape:
     """For reads of objects taking ``object_bytes`` each: four times every healthy drive's queue depth
     of extents outstanding, in at least four batches, so that while the caller finishes one batch and
     submits the next the ring still has reads queued to refill from (two ring-fulls in two batches left
@@ -37,10 +37,10 @@ def read_shape(object_bytes: int, drives: Drives) -> BatchShape:
     four batches, 16 KiB 0.80 against 0.89-0.93).  Batches of at most 4 MiB and 256 keys (a batch's
     fixed cost shared by many keys) but at least 4 keys (one submission per few large objects), all
     within half the buffer pool."""
-    return _shape(object_bytes, drives, batch_bytes=4 << 20, min_keys=4, max_keys=256, cover=4)
+    return _shape(object_bytes, res, batch_bytes=4 << 20, min_keys=4, max_keys=256, cover=4)
 
 
-def write_shape(object_bytes: int, drives: Drives) -> BatchShape:
+def write_shape(object_bytes: int, res: Resources) -> BatchShape:
     """For a stream of puts of objects taking ``object_bytes`` each: batches of up to 8 MiB and 2048 keys
     (a put batch also allocates, packs and journals its objects, a larger fixed cost to share), at least
     four of them in flight and enough to fill every healthy drive's queue depth once, all within half
@@ -49,17 +49,17 @@ def write_shape(object_bytes: int, drives: Drives) -> BatchShape:
     the store (1 MiB objects over four directories, 8 MiB batches, against raw io_uring writes at depth
     32 and 128, all fdatasync'd: 4 in flight 0.81 of raw's rate, 16 (the drives' depth) 0.92-1.07, 32
     0.87-0.94)."""
-    return _shape(object_bytes, drives, batch_bytes=8 << 20, min_keys=1, max_keys=2048, cover=1)
+    return _shape(object_bytes, res, batch_bytes=8 << 20, min_keys=1, max_keys=2048, cover=1)
 
 
-def _shape(object_bytes: int, drives: Drives, batch_bytes: int, min_keys: int, max_keys: int,
+def _shape(object_bytes: int, res: Resources, batch_bytes: int, min_keys: int, max_keys: int,
            cover: int) -> BatchShape:
     size = max(ALIGN, object_bytes)
-    extents = max(1, -(-size // drives.stripe_unit))
+    extents = max(1, -(-size // res.stripe_unit))
     keys = max(min_keys, min(max_keys, batch_bytes // size))
-    want = cover * max(1, drives.healthy) * drives.queue_depth
+    want = cover * max(1, res.healthy) * res.queue_depth
     inflight = max(4, -(-want // (keys * extents)))
-    room = drives.pool_bytes // 2
+    room = res.pool_bytes // 2
     while inflight > 2 and keys * inflight * size > room:
         inflight -= 1
     while keys > 1 and keys * inflight * size > room:

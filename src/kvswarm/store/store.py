@@ -1193,15 +1193,15 @@ class KVStore:
     def read_shape(self, object_bytes: int) -> BatchShape:
         """How to cut reads of objects taking ``object_bytes`` each (:meth:`object_bytes`) to keep
         this store's healthy drives busy (:func:`kvswarm.store.shape.read_shape`)."""
-        return shape.read_shape(object_bytes, self._shape_drives())
+        return shape.read_shape(object_bytes, self._shape_resources())
 
     def write_shape(self, object_bytes: int) -> BatchShape:
         """How to cut a stream of puts of objects taking ``object_bytes`` each
         (:func:`kvswarm.store.shape.write_shape`)."""
-        return shape.write_shape(object_bytes, self._shape_drives())
+        return shape.write_shape(object_bytes, self._shape_resources())
 
-    def _shape_drives(self) -> shape.Drives:
-        return shape.Drives(self.config.stripe_unit, sum(d.healthy for d in self.drives), self.queue_depth,
+    def _shape_resources(self) -> shape.Resources:
+        return shape.Resources(self.config.stripe_unit, sum(d.healthy for d in self.drives), self.queue_depth,
                             self.config.buffer_pool_bytes)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
