@@ -51,9 +51,8 @@ from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io import native as native_io
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
-from kvswarm.store import verify
+from kvswarm.store import shape, verify
 from kvswarm.store.config import StoreConfig, device_queue_depth
-from kvswarm.store import shape
 from kvswarm.store.handles import Abandoned, GetHandle, GetResult, NativeGetHandle, PutHandle
 from kvswarm.store.meta_dir import (
     MANIFEST,
