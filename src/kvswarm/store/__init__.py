@@ -3,7 +3,8 @@
 ``config`` (StoreConfig), ``store`` (KVStore), ``handles`` (batches in flight and a read's outcome),
 ``verify`` (a read batch's verification), ``runs`` (an object's bytes as one buffer or runs of one),
 ``meta_dir`` (the manifest and the writer's lock), ``space`` (free space rebuilt from the catalog at
-open), ``shape`` (how callers cut streams of reads and writes into batches).
+open), ``shape`` (how callers cut streams of reads and writes into batches), ``quarantine`` (batches
+nobody will finish, held until their I/O is over).
 """
 
 from kvswarm.store.config import StoreConfig

@@ -3,24 +3,25 @@ outcome.
 
 Submit, then poll: ``done`` and ``poll()`` never block; ``wait()`` blocks until the batch is over and
 gives its outcome (a :class:`GetResult`, or per item whether it was stored).  A handle dropped or
-failed unfinished becomes an :class:`Abandoned` batch: the store reuses its buffers and extents only
-once none of its I/O or verification can still touch them.
+failed unfinished goes to the store's :mod:`~kvswarm.store.quarantine`: its buffers and extents are
+reused only once none of its I/O or verification can still touch them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvswarm.buffers import Lease, LeaseViews
-from kvswarm.catalog import Entry, ExtentTable
+from kvswarm.catalog import ExtentTable
 from kvswarm.errors import KVSwarmError
 from kvswarm.io import native as native_io
 from kvswarm.io.base import Batch, ReadBatch
 from kvswarm.store import verify
+from kvswarm.store.quarantine import Abandoned
 from kvswarm.store.runs import Bufs
 from kvswarm.store.verify import Check, Reads, check_batch
 
@@ -128,7 +129,7 @@ class GetHandle(_Handle):
 
     def wait(self) -> GetResult:
         """The batch's outcome.  If this raises, the batch's buffers go back to the pool once none of
-        its reads or verify jobs can still touch them (see KVStore._give_back); waiting again raises."""
+        its reads or verify jobs can still touch them (see Quarantine.give_back); waiting again raises."""
         if self._result is None:
             if self._failed:
                 raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
@@ -145,7 +146,7 @@ class GetHandle(_Handle):
                                                        self._check, self._lease)
             except BaseException:
                 self._failed = self._checking = True  # done from now on, and no check starts on the lease
-                self._store._give_back(self._remains())
+                self._store.quarantine.give_back(self._remains())
                 self._check = self._lease = None
                 raise
         return self._result
@@ -157,7 +158,7 @@ class GetHandle(_Handle):
         # Dropped unfinished: its buffers go back once its reads are over.  Only queued here: a finalizer
         # may run while this thread holds the pool's allocator lock.
         if self._result is None and self._lease is not None:
-            self._store._abandoned.append(self._remains())
+            self._store.quarantine.hold(self._remains())
 
 
 class NativeGetHandle:
@@ -190,7 +191,7 @@ class NativeGetHandle:
 
     def wait(self) -> GetResult:
         """The batch's outcome.  If this raises, the batch's buffers go back to the pool once its reads are
-        over (see KVStore._give_back); waiting again raises."""
+        over (see Quarantine.give_back); waiting again raises."""
         if self._result is None:
             if self._failed:
                 raise KVSwarmError("this read failed earlier; its buffers have gone back to the pool")
@@ -199,7 +200,7 @@ class NativeGetHandle:
             except BaseException:
                 self._failed = True
                 if self._lease is not None:
-                    self._store._give_back(Abandoned(self._batch, (), self._lease, []))
+                    self._store.quarantine.give_back(Abandoned(self._batch, (), self._lease, []))
                     self._lease = None
                 raise
         return self._result
@@ -220,17 +221,7 @@ class NativeGetHandle:
     def __del__(self) -> None:
         # Dropped unfinished: its buffers go back once its reads are over (see GetHandle.__del__).
         if self._result is None and self._lease is not None and self._batch is not None:
-            self._store._abandoned.append(Abandoned(self._batch, (), self._lease, []))
-
-
-class Abandoned(NamedTuple):
-    """A batch nobody will finish (its wait() raised, or its handle was dropped): its buffers, and a
-    put's extents, are reused only once its I/Os and verify jobs are over (see KVStore._reclaim)."""
-
-    batch: Batch | ReadBatch
-    jobs: tuple  # kvswarm.store._verify.Job
-    lease: Lease | None
-    extents: list[Entry]  # a put's objects, never in the catalog
+            self._store.quarantine.hold(Abandoned(self._batch, (), self._lease, []))
 
 
 class PutHandle(_Handle):
@@ -259,7 +250,7 @@ class PutHandle(_Handle):
                 self._io.wait(self._batch)
             except BaseException:
                 self._store.counters["put_failures"] += len(self._staged[0])
-                self._store._give_back(self._remains())
+                self._store.quarantine.give_back(self._remains())
                 self._staged = None
                 raise
             staged, self._staged = self._staged, None
@@ -274,4 +265,4 @@ class PutHandle(_Handle):
         # Dropped unfinished: nothing is stored, and its buffers and extents go back once its writes
         # are over (queued only, as GetHandle.__del__).
         if self._staged is not None:
-            self._store._abandoned.append(self._remains())
+            self._store.quarantine.hold(self._remains())

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
-from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
+from kvswarm.buffers import BufferPool, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
 from kvswarm.drive import Drive, failed_drive, format_drive, open_drive
 from kvswarm.errors import (
@@ -53,7 +53,7 @@ from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
 from kvswarm.store import shape, verify
 from kvswarm.store.config import StoreConfig, device_queue_depth
-from kvswarm.store.handles import Abandoned, GetHandle, GetResult, NativeGetHandle, PutHandle
+from kvswarm.store.handles import GetHandle, GetResult, NativeGetHandle, PutHandle
 from kvswarm.store.meta_dir import (
     MANIFEST,
     lock_writer,
@@ -62,13 +62,13 @@ from kvswarm.store.meta_dir import (
     unfinished_store,
     write_manifest,
 )
+from kvswarm.store.quarantine import Quarantine
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
 from kvswarm.store.shape import BatchShape
 from kvswarm.store.space import rebuild_allocators
 from kvswarm.store.verify import Check, Reads, hand_over
 
 log = logging.getLogger(__name__)
-SETTLE_S = 5.0  # how long a failed batch's I/O is waited for before its buffers are quarantined
 _ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
 MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
 MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
@@ -245,7 +245,7 @@ class KVStore:
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
                          "quarantined": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
-        self._abandoned: deque[Abandoned] = deque()  # their buffers go back once their I/O is over
+        self.quarantine = Quarantine(self.pool, self._poll_batch, self._free, self.counters)
 
     def _unlock_writer(self) -> None:
         if self._writer_lock >= 0:
@@ -309,7 +309,7 @@ class KVStore:
         # One extent per object (most batches): their sizes at once, for the lease and the allocation.
         single = np.fromiter(lens, np.int64, len(lens))
         single = (single + (HEADER_SIZE + ALIGN - 1)) // ALIGN * ALIGN if (single <= unit).all() else None
-        lease = self._lease(int(single.sum()) if single is not None else sum(map(self.object_bytes, lens)))
+        lease = self.quarantine.lease(int(single.sum()) if single is not None else sum(map(self.object_bytes, lens)))
         try:
             objs, cols, srcs = self._allocate_extents(items, hints, mvs, lens, unit,
                                                       None if single is None else single.tolist())
@@ -558,70 +558,12 @@ class KVStore:
             if (a := self.drives[drv].alloc) is not None:  # a drive unreadable since the open has none
                 a.release(off, ln)
 
-    # ---- abandoned batches -------------------------------------------------------------
-    def _lease(self, nbytes: int) -> Lease:
-        """A pool lease for a new batch.  Abandoned batches give their buffers back first, once their
-        I/O is over: checked in passing, waited for (a bounded while) when the pool is short."""
-        if self._abandoned:
-            self._reclaim(0.0)
-        try:
-            return self.pool.lease(nbytes)
-        except BufferPoolExhausted:
-            if not self._abandoned:
-                raise
-            self._reclaim(SETTLE_S)
-            return self.pool.lease(nbytes)
-
-    def _give_back(self, a: Abandoned) -> None:
-        """A batch whose wait() raised: wait out its I/Os and verify jobs, then give back its buffers
-        and extents.  If the engine cannot confirm its I/O is over, they stay quarantined (a late DMA
-        into a reused buffer would be wrong data) until a later _reclaim finds it over."""
-        if self._settled(a, SETTLE_S):
-            self._release(a)
-            return
-        self.counters["quarantined"] += 1
-        log.warning("a failed batch's I/O is not confirmed over: %d B of buffers quarantined until it is",
-                    a.lease.nbytes if a.lease is not None else 0)
-        self._abandoned.append(a)
-
-    def _reclaim(self, timeout: float) -> None:
-        """Give back what abandoned batches hold once their I/O is over, waiting up to ``timeout`` s for each."""
-        q = self._abandoned
-        for _ in range(len(q)):
-            try:
-                a = q.popleft()
-            except IndexError:  # another thread took the rest
-                return
-            if self._settled(a, timeout):
-                self._release(a)
-            else:
-                q.append(a)
-
-    def _settled(self, a: Abandoned, timeout: float) -> bool:
-        """Drive completions until ``a``'s I/Os are back (up to ``timeout`` s); True once they are and its
-        verify jobs (CPU work that always ends: waited for unless ``timeout`` is 0) are done."""
-        end = time.monotonic() + timeout
-        try:
-            while not a.batch.done:
-                slice_s = max(0.0, min(end - time.monotonic(), 0.01))
-                if isinstance(a.batch, native_io.NativeBatch):
-                    self.native.poll(slice_s)
-                else:
-                    self.engine.poll(slice_s)
-                if not a.batch.done and time.monotonic() >= end:
-                    return False
-        except Exception:  # a broken (or closed) engine: its I/O cannot be confirmed over
-            return False
-        if timeout:
-            for job in a.jobs:
-                job.wait()
-        return all(job.done for job in a.jobs)
-
-    def _release(self, a: Abandoned) -> None:
-        if a.lease is not None:
-            a.lease.release()
-        for e in a.extents:
-            self._free(e)
+    def _poll_batch(self, batch: object, timeout: float) -> None:
+        """Take in completions of the engine ``batch`` runs on, waiting up to ``timeout`` s."""
+        if isinstance(batch, native_io.NativeBatch):
+            self.native.poll(timeout)
+        else:
+            self.engine.poll(timeout)
 
     def _free_after_flush(self, replaced: Iterable[Entry | None]) -> None:
         """Free replaced or deleted objects' extents (None: nothing was there) only once that change is
@@ -690,7 +632,7 @@ class KVStore:
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = Reads(starts, bufs_in, direct)
         nbytes = int(starts[-1] + span[-1]) if len(span) else 0
-        lease = self._lease(nbytes) if nbytes else None
+        lease = self.quarantine.lease(nbytes) if nbytes else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
         bufs: list = [view[p:p + n] if n else None for p, n in zip(starts.tolist(), span.tolist())]
@@ -723,7 +665,7 @@ class KVStore:
         reads = Reads(starts, bufs_in)
         if not k:
             return NativeGetHandle(self, keys, found, ext, reads, None, None, starts, None)
-        lease = self._lease(int(starts[-1] + span[-1]))
+        lease = self.quarantine.lease(int(starts[-1] + span[-1]))
         pp = ext.part_payload
         sector = sector_payload(pp)
         single = len(ext.obj) == len(ext.rows)
