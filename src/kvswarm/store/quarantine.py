@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
+from kvswarm.buffers import Lease
 from kvswarm.catalog import Entry
 from kvswarm.io.base import Batch, ReadBatch
 
@@ -35,26 +35,16 @@ class Quarantine:
     ``seconds``; ``free(entry)`` gives a put's extent back to its drive's allocator; ``counters`` is
     the store's, whose ``"quarantined"`` counts batches held back."""
 
-    def __init__(self, pool: BufferPool, poll: Callable[[object, float], object], free: Callable[[Entry], None],
+    def __init__(self, poll: Callable[[object, float], object], free: Callable[[Entry], None],
                  counters: dict[str, int]) -> None:
-        self._pool = pool
         self._poll = poll
         self._free = free
         self._counters = counters
         self._held: deque[Abandoned] = deque()
 
-    def lease(self, nbytes: int) -> Lease:
-        """A pool lease for a new batch.  Held batches give their buffers back first, once their I/O is
-        over: checked in passing, waited for (a bounded while) when the pool is short."""
-        if self._held:
-            self.reclaim(0.0)
-        try:
-            return self._pool.lease(nbytes)
-        except BufferPoolExhausted:
-            if not self._held:
-                raise
-            self.reclaim(SETTLE_S)
-            return self._pool.lease(nbytes)
+    def __len__(self) -> int:
+        """Batches held now."""
+        return len(self._held)
 
     def give_back(self, a: Abandoned) -> None:
         """A batch whose wait() raised: wait out its I/Os and verify jobs (up to ``SETTLE_S``), then give

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvswarm.allocator import ExtentAllocator
-from kvswarm.buffers import BufferPool, Lease
+from kvswarm.buffers import BufferPool, BufferPoolExhausted, Lease
 from kvswarm.catalog import CHECKPOINT, JOURNAL, Catalog, Entry, Extent, ExtentTable
 from kvswarm.drive import Drive, failed_drive, format_drive, open_drive
 from kvswarm.errors import (
@@ -62,7 +62,7 @@ from kvswarm.store.meta_dir import (
     unfinished_store,
     write_manifest,
 )
-from kvswarm.store.quarantine import Quarantine
+from kvswarm.store.quarantine import SETTLE_S, Quarantine
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
 from kvswarm.store.shape import BatchShape
 from kvswarm.store.space import rebuild_allocators
@@ -245,7 +245,7 @@ class KVStore:
         self.counters = {"gets": 0, "hits": 0, "misses": 0, "corrupt": 0, "puts": 0, "put_failures": 0,
                          "quarantined": 0}
         self._verifying: deque = deque()  # batches with the native verify worker, oldest first
-        self.quarantine = Quarantine(self.pool, self._poll_batch, self._free, self.counters)
+        self.quarantine = Quarantine(self._poll_batch, self._free, self.counters)
 
     def _unlock_writer(self) -> None:
         if self._writer_lock >= 0:
@@ -309,7 +309,7 @@ class KVStore:
         # One extent per object (most batches): their sizes at once, for the lease and the allocation.
         single = np.fromiter(lens, np.int64, len(lens))
         single = (single + (HEADER_SIZE + ALIGN - 1)) // ALIGN * ALIGN if (single <= unit).all() else None
-        lease = self.quarantine.lease(int(single.sum()) if single is not None else sum(map(self.object_bytes, lens)))
+        lease = self._lease(int(single.sum()) if single is not None else sum(map(self.object_bytes, lens)))
         try:
             objs, cols, srcs = self._allocate_extents(items, hints, mvs, lens, unit,
                                                       None if single is None else single.tolist())
@@ -558,6 +558,19 @@ class KVStore:
             if (a := self.drives[drv].alloc) is not None:  # a drive unreadable since the open has none
                 a.release(off, ln)
 
+    def _lease(self, nbytes: int) -> Lease:
+        """A pool lease for a new batch.  Batches in quarantine give their buffers back first, once their
+        I/O is over: checked in passing, waited for (a bounded while) when the pool is short."""
+        if self.quarantine:
+            self.quarantine.reclaim(0.0)
+        try:
+            return self.pool.lease(nbytes)
+        except BufferPoolExhausted:
+            if not self.quarantine:
+                raise
+            self.quarantine.reclaim(SETTLE_S)
+            return self.pool.lease(nbytes)
+
     def _poll_batch(self, batch: object, timeout: float) -> None:
         """Take in completions of the engine ``batch`` runs on, waiting up to ``timeout`` s."""
         if isinstance(batch, native_io.NativeBatch):
@@ -632,7 +645,7 @@ class KVStore:
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = Reads(starts, bufs_in, direct)
         nbytes = int(starts[-1] + span[-1]) if len(span) else 0
-        lease = self.quarantine.lease(nbytes) if nbytes else None
+        lease = self._lease(nbytes) if nbytes else None
         drives, offsets = ext.drive.tolist(), ext.offset.tolist()
         view = lease.view if lease is not None else None
         bufs: list = [view[p:p + n] if n else None for p, n in zip(starts.tolist(), span.tolist())]
@@ -665,7 +678,7 @@ class KVStore:
         reads = Reads(starts, bufs_in)
         if not k:
             return NativeGetHandle(self, keys, found, ext, reads, None, None, starts, None)
-        lease = self.quarantine.lease(int(starts[-1] + span[-1]))
+        lease = self._lease(int(starts[-1] + span[-1]))
         pp = ext.part_payload
         sector = sector_payload(pp)
         single = len(ext.obj) == len(ext.rows)
