@@ -64,7 +64,6 @@ from kvswarm.store.meta_dir import (
 )
 from kvswarm.store.quarantine import SETTLE_S, Quarantine
 from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
-from kvswarm.store.shape import BatchShape
 from kvswarm.store.space import rebuild_allocators
 from kvswarm.store.verify import Check, Reads, hand_over
 
@@ -324,7 +323,7 @@ class KVStore:
             lease.release()
             raise
         if self.native is not None:
-            batch = self.native.submit(Op.WRITE, self.pool.array, *writes)
+            batch = self.native.submit(Op.WRITE, lease.pool.array, *writes)
             return PutHandle(self, batch, (staged, batch, lease))
         return PutHandle(self, self.engine.submit(writes, checked=True), (staged, writes, lease))
 
@@ -444,7 +443,7 @@ class KVStore:
 
         obj_len = per_extent([n for _, _, n, _ in objs], np.int64)
         gen = per_extent([g for _, g, _, _ in objs], np.int64)
-        sums = native_io.pack(self.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
+        sums = native_io.pack(lease.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
                               plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(), obj_len, part,
                               np.repeat(nparts, nparts), gen)
         if len(cols) == len(objs):  # one extent per object
@@ -698,7 +697,7 @@ class KVStore:
         drive = ext.drive.astype(np.int64)
         if not all(d.healthy for d in self.drives):  # extents on drives out of service are not read: EIO
             drive[~np.array([d.healthy for d in self.drives])[drive]] = -1
-        batch = self.native.submit(Op.READ, self.pool.array, drive, ext.offset.astype(np.int64), span, at,
+        batch = self.native.submit(Op.READ, lease.pool.array, drive, ext.offset.astype(np.int64), span, at,
                                    want, poff, pp.astype(np.int64), np.ascontiguousarray(ext.csum, np.uint64), parts)
         return NativeGetHandle(self, keys, found, ext, reads, batch, lease, at + poff, dst)
 
@@ -817,7 +816,7 @@ class KVStore:
     def _join_in_place(self, lease: Lease, spans: list[tuple[int, int]]) -> memoryview:
         """One contiguous view of a verified multi-extent object: later parts' payloads slide
         over the headers between them, inside the lease (no new allocation, one memmove each)."""
-        base = self.pool.base_address
+        base = lease.pool.base_address
         dst = spans[0][0] + spans[0][1]
         for src, size in spans[1:]:
             ctypes.memmove(base + dst, base + src, size)  # overlapping ranges: memmove semantics
@@ -1144,19 +1143,19 @@ class KVStore:
         """Bytes of the largest lease the buffer pool grants now (one free run of it)."""
         return self.pool.largest_free
 
-    def read_shape(self, object_bytes: int) -> BatchShape:
+    def read_shape(self, object_bytes: int) -> shape.BatchShape:
         """How to cut reads of objects taking ``object_bytes`` each (:meth:`object_bytes`) to keep
         this store's healthy drives busy (:func:`kvswarm.store.shape.read_shape`)."""
         return shape.read_shape(object_bytes, self._shape_resources())
 
-    def write_shape(self, object_bytes: int) -> BatchShape:
+    def write_shape(self, object_bytes: int) -> shape.BatchShape:
         """How to cut a stream of puts of objects taking ``object_bytes`` each
         (:func:`kvswarm.store.shape.write_shape`)."""
         return shape.write_shape(object_bytes, self._shape_resources())
 
     def _shape_resources(self) -> shape.Resources:
         return shape.Resources(self.config.stripe_unit, sum(d.healthy for d in self.drives), self.queue_depth,
-                            self.config.buffer_pool_bytes)
+                               self.config.buffer_pool_bytes)
 
     def batch_len(self, n: int, object_bytes: int, max_bytes: int | None = None) -> int:
         """How many of ``n`` objects taking ``object_bytes`` each (:meth:`object_bytes`; 0: unknown,
