@@ -9,7 +9,6 @@ is a counted miss, never data (the checks: :mod:`kvswarm.store.verify`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import logging
 import os
@@ -39,19 +38,16 @@ from kvswarm.format import (
     ALIGN,
     HEADER_SIZE,
     KEY_DIGEST,
-    PAYLOAD_CHECKSUM,
     expected_headers,
     extent_size,
     key_digest,
-    pack_header,
-    payload_offset,
     sector_payload,
 )
 from kvswarm.io import IOEngine, IORequest, Op, make_engine
 from kvswarm.io import native as native_io
 from kvswarm.metrics import DriveStats, registry_for
 from kvswarm.placement import DriveView, make_placement
-from kvswarm.store import shape, verify
+from kvswarm.store import delivery, shape, staging, verify
 from kvswarm.store.config import StoreConfig, device_queue_depth
 from kvswarm.store.handles import GetHandle, GetResult, NativeGetHandle, PutHandle
 from kvswarm.store.meta_dir import (
@@ -63,12 +59,11 @@ from kvswarm.store.meta_dir import (
     write_manifest,
 )
 from kvswarm.store.quarantine import SETTLE_S, Quarantine
-from kvswarm.store.runs import Bufs, Runs, as_bufs, bufs_len, part_of, runs_of, sized
+from kvswarm.store.runs import Bufs, as_bufs, bufs_len, part_of, sized
 from kvswarm.store.space import rebuild_allocators
 from kvswarm.store.verify import Check, Reads, hand_over
 
 log = logging.getLogger(__name__)
-_ZEROS = bytes(ALIGN)  # extent padding (always shorter than 4 KiB)
 MAX_PARTS = 0xFFFF  # an extent header's part count is a u16
 MAX_OBJECT = 0xFFFFFFFF  # and its object length a u32
 
@@ -82,47 +77,6 @@ class DriveHealth:
     healthy: bool
     reason: str  # why it is out of service ("" while healthy)
     full: bool = False  # ENOSPC met: no new writes until the store reopens
-
-
-def _direct_reads(ext: ExtentTable, bufs: list[Bufs | None]) -> np.ndarray:
-    """Per extent: whether its payload can be read straight into its object's buffer (see
-    KVStore.submit_get, ``in_place``): the object's only extent, a whole number of sectors on
-    sectors of its own, and a plain writable buffer of exactly that length, 4 KiB-aligned."""
-    pp = ext.part_payload
-    direct = (ext.parts == 1) & sector_payload(pp)
-    obj, lens = ext.obj.tolist(), pp.tolist()
-    for i in np.flatnonzero(direct).tolist():
-        b = bufs[obj[i]]
-        direct[i] = (isinstance(b, memoryview) and len(b) == lens[i] and not b.readonly
-                     and ctypes.addressof(ctypes.c_char.from_buffer(b)) % ALIGN == 0)
-    return direct
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Singles(Sequence):
-    """A staged put batch of one-extent objects as columns (what the native path lays out), recorded
-    in the catalog as columns; as a sequence, its ``(digest, Entry, 1)`` items, made on demand for
-    the paths that handle objects one by one (a failed write, a digest written before)."""
-
-    digests: list[bytes]
-    generation: np.ndarray
-    payload_len: np.ndarray
-    drive: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-    csum: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.digests)
-
-    def __getitem__(self, i: int) -> tuple[bytes, Entry, int]:  # type: ignore[override]
-        return self.digests[i], Entry(int(self.generation[i]), int(self.payload_len[i]), (Extent(
-            int(self.drive[i]), int(self.offset[i]), int(self.length[i]), int(self.csum[i])),)), 1
-
-    def __iter__(self) -> Iterator[tuple[bytes, Entry, int]]:
-        cols = (self.generation, self.payload_len, self.drive, self.offset, self.length, self.csum)
-        for digest, gen, n, drv, off, ln, cs in zip(self.digests, *(c.tolist() for c in cols)):
-            yield digest, Entry(gen, n, (Extent(drv, off, ln, cs),)), 1
 
 
 class KVStore:
@@ -315,7 +269,7 @@ class KVStore:
         except BaseException:
             lease.release()
             raise
-        stage = self._stage_native if self.native is not None else self._stage_python
+        stage = staging.stage_native if self.native is not None else staging.stage_python
         try:
             staged, writes = stage(objs, cols, srcs, lease)
         except BaseException:  # every extent taken goes back
@@ -389,75 +343,6 @@ class KVStore:
         objs = [(digest, gen0 + j, n, 1) for j, (digest, n) in enumerate(zip(digests, lens))]
         return objs, list(zip(drvs, offs, single, lens)), mvs
 
-    def _stage_python(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
-                      srcs: list[Bufs], lease: Lease) -> tuple[list[tuple[bytes, Entry, int]], list[IORequest]]:
-        """Lay the extents out in the lease (payload, header, checksum); the staged objects and the
-        I/O engine's write requests."""
-        # Payloads and headers are written through the pool's mmap (a plain buffer copy);
-        # the I/O requests get memoryviews of the same bytes.
-        mm, view, base = lease.view.obj, lease.view, lease.offset
-        lease_arr = np.frombuffer(view, np.uint8)
-        header, h3, write = pack_header, PAYLOAD_CHECKSUM, Op.WRITE
-        staged: list[tuple[bytes, Entry, int]] = []
-        reqs: list[IORequest] = []
-        pos = k = 0
-        for digest, gen, n, parts in objs:
-            exts = []
-            for part in range(parts):
-                (drv, off, ext_len, c), chunk = cols[k], srcs[k]
-                k += 1
-                a = base + pos
-                p = payload_offset(c)
-                if isinstance(chunk, Runs):
-                    at = pos + p
-                    for run, m in runs_of(chunk):
-                        lease_arr[at:at + m] = run
-                        at += m
-                    chunk = view[pos + p:pos + p + c]  # hashed where it was gathered
-                else:
-                    mm[a + p:a + p + c] = chunk
-                if p > HEADER_SIZE:  # the header's sector: zeros after the header
-                    mm[a + HEADER_SIZE:a + p] = _ZEROS[:p - HEADER_SIZE]
-                if pad := ext_len - p - c:
-                    mm[a + ext_len - pad:a + ext_len] = _ZEROS[:pad]
-                csum = h3(chunk)
-                mm[a:a + HEADER_SIZE] = header(digest, n, part, parts, gen, csum, p > HEADER_SIZE)
-                exts.append(Extent(drv, off, ext_len, csum))
-                reqs.append(IORequest(drv, write, off, view[pos:pos + ext_len]))
-                pos += ext_len
-            staged.append((digest, Entry(gen, n, tuple(exts)), parts))
-        return staged, reqs
-
-    def _stage_native(self, objs: list[tuple[bytes, int, int, int]], cols: list[tuple[int, int, int, int]],
-                      srcs: list[Bufs], lease: Lease) -> tuple[Sequence[tuple[bytes, Entry, int]], tuple]:
-        """The extents' layout (payload gathered, header packed, checksums) in kvswarm.io._batchio, one
-        call per batch; the staged objects (as columns when each has one extent) and the native write
-        batch's columns."""
-        drive, offset, ext_len, plen = np.array(cols, np.int64).reshape(-1, 4).T.copy()  # rows contiguous
-        at = lease.offset + np.cumsum(ext_len) - ext_len
-        nparts = np.array([p for *_, p in objs], np.int64)
-        part = np.arange(len(cols), dtype=np.int64) - np.repeat(np.cumsum(nparts) - nparts, nparts)
-
-        def per_extent(values: list, dtype: object) -> np.ndarray:  # an object's value for each of its extents
-            return np.repeat(np.array(values, dtype), nparts)
-
-        obj_len = per_extent([n for _, _, n, _ in objs], np.int64)
-        gen = per_extent([g for _, g, _, _ in objs], np.int64)
-        sums = native_io.pack(lease.pool.array, at, ext_len, np.where(sector_payload(plen), ALIGN, HEADER_SIZE),
-                              plen, srcs, per_extent([d for d, *_ in objs], "V16").tobytes(), obj_len, part,
-                              np.repeat(nparts, nparts), gen)
-        if len(cols) == len(objs):  # one extent per object
-            singles = _Singles([d for d, *_ in objs], gen, obj_len, drive, offset, ext_len, sums)
-            return singles, (drive, offset, ext_len, at)
-        csums = sums.tolist()
-        staged: list[tuple[bytes, Entry, int]] = []
-        k = 0
-        for digest, gen, n, parts in objs:
-            exts = tuple(Extent(d, o, ln, cs) for (d, o, ln, _), cs in zip(cols[k:k + parts], csums[k:k + parts]))
-            staged.append((digest, Entry(gen, n, exts), parts))
-            k += parts
-        return staged, (drive, offset, ext_len, at)
-
     def put_many(self, items: Sequence[tuple[bytes, object]], hints: Sequence[object] | None = None) -> list[bool]:
         return self.submit_put(items, hints).wait()
 
@@ -491,7 +376,7 @@ class KVStore:
         items, io, lease = staged
         try:
             landed = self._all_landed(io)
-            if isinstance(items, _Singles) and landed and self.catalog.put_new_singles(
+            if isinstance(items, staging.Singles) and landed and self.catalog.put_new_singles(
                     items.digests, items.generation, items.payload_len, items.drive, items.offset, items.length,
                     items.csum):  # most batches: new one-extent objects, recorded as columns
                 self.counters["puts"] += len(items)
@@ -639,7 +524,7 @@ class KVStore:
                 raise ValueError(f"{len(into)} buffers for {len(keys)} keys")
             bufs_in = [None if into[i] is None else as_bufs(into[i], True) for i in found]
             if in_place and verify.verify_submit is not None and len(span):
-                direct = _direct_reads(ext, bufs_in)
+                direct = delivery.direct_reads(ext, bufs_in)
                 span[direct] = 0  # no pool space
         starts = np.cumsum(span) - span  # extent offsets in the lease, in catalog order
         reads = Reads(starts, bufs_in, direct)
@@ -771,12 +656,12 @@ class KVStore:
                     if check.dst is not None and check.dst[i] is not None:
                         continue  # the worker copied it into the caller's buffer: handed over below
                     j, parts = int(first[i]), int(ext.parts[first[i]])
-                    views[found[i]] = payloads[j] if parts == 1 else self._join_in_place(
+                    views[found[i]] = payloads[j] if parts == 1 else delivery.join_in_place(
                         lease, [(int(check.at[x]), int(pp[x])) for x in range(j, j + parts)])
             if check.dst is not None:
                 hits -= hand_over(views, found, good, reads.into, check.dst)
             elif reads.into is not None:
-                hits -= self._copy_into(views, found, good, reads.into)
+                hits -= delivery.copy_into(views, found, good, reads.into)
             for i in np.flatnonzero(~obj_ok).tolist():  # the first bad extent of the object says why
                 failed.append(found[i])
                 j = i if single else int(first[i])
@@ -792,37 +677,6 @@ class KVStore:
         self.counters["misses"] += n - hits
         self.counters["corrupt"] += corrupt
         return GetResult(keys, views, lease, n - hits, corrupt, failed)
-
-    @staticmethod
-    def _copy_into(views: list, found: list[int], good: list[int], into: list[Bufs | None]) -> int:
-        """Hand verified payloads over in the caller's buffers; returns how many hits become
-        misses because their buffer's length differs."""
-        lost = 0
-        for i in good:
-            buf, v = into[i], views[found[i]]
-            if buf is None:
-                continue
-            if bufs_len(buf) != len(v):
-                views[found[i]] = None
-                lost += 1
-            else:
-                src, at = np.frombuffer(v, np.uint8), 0
-                for run, m in runs_of(buf):
-                    np.copyto(run, src[at:at + m])  # releases the GIL
-                    at += m
-                views[found[i]] = buf
-        return lost
-
-    def _join_in_place(self, lease: Lease, spans: list[tuple[int, int]]) -> memoryview:
-        """One contiguous view of a verified multi-extent object: later parts' payloads slide
-        over the headers between them, inside the lease (no new allocation, one memmove each)."""
-        base = lease.pool.base_address
-        dst = spans[0][0] + spans[0][1]
-        for src, size in spans[1:]:
-            ctypes.memmove(base + dst, base + src, size)  # overlapping ranges: memmove semantics
-            dst += size
-        start = spans[0][0] - lease.offset
-        return lease.view[start:start + dst - spans[0][0]]
 
     def _read_failed(self, drive: int, offset: int, result: int | None) -> None:
         """A read that did not return its whole extent: an I/O error unless its drive is out of service."""
