@@ -54,7 +54,7 @@ import numpy as np
 from kvswarm.argtypes import positive_float, positive_int
 from kvswarm.bench import write_summary
 from kvswarm.bench.engine_host import drop_caches, finish, reexec_in_engine_venv, standalone_main
-from kvswarm.bench.serve_trace import (TRACE, Request, Scaling, build_requests, compression_for_load, load_records,
+from kvswarm.bench.serve_trace import (TRACE, Scaling, build_requests, compression_for_load, load_records,
                                       reuse, text_pool)
 
 MiB = 1 << 20
