@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 BENCHES: dict[str, tuple[str, str]] = {
     "io": ("kvswarm.bench.io_bench", "raw O_DIRECT ceiling vs the store's batched get/put"),
+    "io-layers": ("kvswarm.bench.io_layers", "the store's reads against the raw ceiling one layer at a time: "
+                  "raw into the store's buffer span, the native ring, its checks, the store"),
     "sparse": ("kvswarm.bench.sparse_bench", "sparse decode from offloaded KV: selectors and placements"),
     "prefix": ("kvswarm.bench.prefix_bench", "prefix reuse: trace replay and real TTFT per tier"),
     "vllm": ("kvswarm.bench.vllm_bench", "vLLM's fs offloading tier vs kvswarm's tier"),
