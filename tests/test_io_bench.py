@@ -102,7 +102,7 @@ def test_preconditioning_writes_every_data_block_and_keeps_the_store(tmp_path):
     store = KVStore(StoreConfig(**cfg))
     fds = [os.open(d / DATA_FILE, os.O_RDWR | os.O_DIRECT) for d in dirs]
     try:
-        assert io_bench._precondition(store, fds, chunk=1 << 20) > 0
+        assert io_bench.precondition(store, fds, chunk=1 << 20) > 0
     finally:
         for fd in fds:
             os.close(fd)

@@ -29,7 +29,7 @@ set in the store's own shape (``KVStore.write_shape``) plus ``flush()`` (fdatasy
 catalog's journal), on the last read path's store (native where it is available); one store
 sample after each raw one (the data set deleted and flushed in between, untimed), each side's best
 counts.  Before any write is timed every block of the drives is written once (preconditioned, see
-``_precondition``), so both sides write into written blocks.  Catalog reopen time is measured for 100k and 1M objects.
+``precondition``), so both sides write into written blocks.  Catalog reopen time is measured for 100k and 1M objects.
 
 Drives: temp directories on the local disk (default), or ``--drives N`` emulated,
 capped drives from :mod:`kvswarm.testbed` (loop devices + blkio throttle, or the
@@ -158,7 +158,7 @@ def _median(samples: Sequence[Sample], upper: bool) -> Sample:
     return s[len(s) // 2 if upper else (len(s) - 1) // 2]
 
 
-def _lower_median(xs: Sequence[float]) -> float:
+def lower_median(xs: Sequence[float]) -> float:
     """Median; with an even count the lower middle value (ties never favour the store)."""
     return sorted(xs)[(len(xs) - 1) // 2]
 
@@ -329,13 +329,13 @@ def _tune_raw(drives: Drives, run: SizeRun, seconds: float, rng: random.Random, 
         return max(got, key=got.get)
 
     run.best_threads = best((4, 8, 16, 32), lambda t: run_threads(
-        fds, _shuffled(run.ios, rng), run.size, Op.READ, t, seconds, drives.models).gbps)
+        fds, shuffled(run.ios, rng), run.size, Op.READ, t, seconds, drives.models).gbps)
     if use_uring:
         run.best_depth = best(RAW_DEPTHS, lambda d: run_uring(
-            fds, _shuffled(run.ios, rng), run.size, Op.READ, d, seconds, drives.models).gbps)
+            fds, shuffled(run.ios, rng), run.size, Op.READ, d, seconds, drives.models).gbps)
 
 
-def _precondition(store: KVStore, fds: Sequence[int], chunk: int = 8 * MiB) -> float:
+def precondition(store: KVStore, fds: Sequence[int], chunk: int = 8 * MiB) -> float:
     """Write every block of a new, empty store's drives once (its data region: the superblock stays),
     then fdatasync; the seconds it took.
 
@@ -378,7 +378,7 @@ def _sync(fds: Sequence[int]) -> float:
     return time.perf_counter() - t0
 
 
-def _shuffled(xs: Sequence, rng: random.Random) -> list:
+def shuffled(xs: Sequence, rng: random.Random) -> list:
     out = list(xs)
     rng.shuffle(out)
     return out
@@ -427,7 +427,7 @@ def bench(args: argparse.Namespace, console) -> dict:
         wfds = drives.raw_fds(write=True)
         try:
             with console.status("preconditioning the drives (every block written once)"):
-                results["config"]["precondition_s"] = _precondition(store, wfds)
+                results["config"]["precondition_s"] = precondition(store, wfds)
             frontier = [d.data_start for d in store.drives]  # where each drive's next data set lands
             for size in sizes:
                 payload = size - HEADER_SIZE
@@ -485,7 +485,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                         with console.status(f"{backend}: warming the store's reads at {_fmt_size(run.size)}"):
                             # Untimed: the new store's buffer pool is faulted in here, not in a timed sample
                             # (the raw loops fault their buffers in before their timers start).
-                            store_read(store, _shuffled(run.keys, rng), run.size - HEADER_SIZE, batch, inflight,
+                            store_read(store, shuffled(run.keys, rng), run.size - HEADER_SIZE, batch, inflight,
                                        seconds / 2)
                         with console.status(f"{backend}: {_fmt_size(run.size)} rounds"):
                             for r in range(rounds):
@@ -495,7 +495,7 @@ def bench(args: argparse.Namespace, console) -> dict:
                                         for m, smp in _raw_samples(drives, run, fds, seconds, rng, use_uring):
                                             run.raw_by_backend.setdefault(backend, {}).setdefault(m, []).append(smp)
                                     else:
-                                        keys = _shuffled(run.keys, rng)
+                                        keys = shuffled(run.keys, rng)
                                         s = store_read(store, keys, run.size - HEADER_SIZE, batch, inflight,
                                                        seconds)
                                         s.method = f"submit_get {batch} keys x {inflight} in flight"
@@ -520,7 +520,7 @@ def bench(args: argparse.Namespace, console) -> dict:
         st = per_backend[best_b]
         # The ratio pairs each store sample with the best raw method's sample of the same round: the
         # disk's speed drifts between rounds, and a ratio of medians over different rounds shows the drift.
-        paired = {b: _lower_median([x.gbps / y.gbps for x, y in zip(ss, run.raw_by_backend[b][raw_m])])
+        paired = {b: lower_median([x.gbps / y.gbps for x, y in zip(ss, run.raw_by_backend[b][raw_m])])
                   for b, ss in run.store.items()}
         summary |= {
             f"ratio_{name}": paired[best_b],
@@ -559,10 +559,10 @@ def bench(args: argparse.Namespace, console) -> dict:
 def _raw_samples(drives: Drives, run: SizeRun, fds: list[int], seconds: float, rng: random.Random,
                  use_uring: bool) -> list[tuple[str, Sample]]:
     """One sample of each raw method at its tuned setting (each gets half the store's sample time)."""
-    out = [("preadv", _from_raw(run_threads(fds, _shuffled(run.ios, rng), run.size, Op.READ, run.best_threads,
+    out = [("preadv", _from_raw(run_threads(fds, shuffled(run.ios, rng), run.size, Op.READ, run.best_threads,
                                             seconds / 2, drives.models)))]
     if use_uring:
-        out.append(("io_uring", _from_raw(run_uring(fds, _shuffled(run.ios, rng), run.size, Op.READ,
+        out.append(("io_uring", _from_raw(run_uring(fds, shuffled(run.ios, rng), run.size, Op.READ,
                                                     run.best_depth, seconds / 2, drives.models))))
     return out
 

@@ -30,21 +30,20 @@ import numpy as np
 from kvswarm.argtypes import comma_list, existing_dir, non_negative_int, positive_float, positive_int
 from kvswarm.bench import write_json
 from kvswarm.bench.io_bench import (
-    HEADER_SIZE,
     SIZE_NAMES,
     Drives,
     MiB,
     Sample,
-    _lower_median,
-    _precondition,
-    _shuffled,
+    lower_median,
     parse_size,
+    precondition,
+    shuffled,
     store_read,
     store_write,
 )
 from kvswarm.buffers import BufferPool
 from kvswarm.errors import KVSwarmError
-from kvswarm.format import payload_offset
+from kvswarm.format import HEADER_SIZE, payload_offset
 from kvswarm.io import Op
 from kvswarm.io import native as native_io
 from kvswarm.io.raw import cpu_time, run_uring
@@ -126,7 +125,7 @@ def layers_bench(args: argparse.Namespace, console) -> dict:
         try:
             wfds = drives.raw_fds(write=True)
             try:
-                results["config"]["precondition_s"] = _precondition(store, wfds)
+                results["config"]["precondition_s"] = precondition(store, wfds)
             finally:
                 for fd in wfds:
                     os.close(fd)
@@ -147,7 +146,7 @@ def layers_bench(args: argparse.Namespace, console) -> dict:
                     samples: dict[str, list[Sample]] = {m: [] for m in LAYERS}
                     inflight: list[float] = []
                     with console.status(f"layers at {name}: {rounds} rounds of {len(LAYERS)}"):
-                        store_read(store, _shuffled(keys, rng), size - HEADER_SIZE, shape.keys, shape.inflight,
+                        store_read(store, shuffled(keys, rng), size - HEADER_SIZE, shape.keys, shape.inflight,
                                    seconds / 2)  # untimed: the store's pool faulted in
                         for r in range(rounds):
                             for layer in (LAYERS if r % 2 == 0 else LAYERS[::-1]):
@@ -158,25 +157,25 @@ def layers_bench(args: argparse.Namespace, console) -> dict:
                                         pool.populate()
                                         into = [pool.view[(j % span) * size:(j % span + 1) * size]
                                                 for j in range(len(ios))]
-                                    x = run_uring(fds, _shuffled(ios, rng), size, Op.READ, raw_depth, seconds,
+                                    x = run_uring(fds, shuffled(ios, rng), size, Op.READ, raw_depth, seconds,
                                                   into=into)
                                     samples[layer].append(Sample(x.gbps, x.iops, x.cpu_s_per_gb, x.method))
                                 elif layer == "store":
-                                    samples[layer].append(store_read(store, _shuffled(keys, rng), size - HEADER_SIZE,
+                                    samples[layer].append(store_read(store, shuffled(keys, rng), size - HEADER_SIZE,
                                                                      shape.keys, shape.inflight, seconds))
                                 else:
-                                    order = _shuffled(range(len(ios)), rng)
+                                    order = shuffled(range(len(ios)), rng)
                                     s, held = ring_read(fds, [ios[j] for j in order],
                                                         sums[order] if layer == "ring_verified" else None, size,
                                                         depth, shape.keys, shape.inflight, seconds)
                                     samples[layer].append(s)
                                     inflight.append(held)
                     raw = samples["raw"]
-                    summary = {f"layer_ratio_{m}_{name}": _lower_median([a.gbps / b.gbps for a, b in zip(ss, raw)])
+                    summary = {f"layer_ratio_{m}_{name}": lower_median([a.gbps / b.gbps for a, b in zip(ss, raw)])
                                for m, ss in samples.items() if m != "raw"}
-                    summary |= {f"layer_cpu_s_per_gb_{m}_{name}": _lower_median([a.cpu_s_per_gb for a in ss])
+                    summary |= {f"layer_cpu_s_per_gb_{m}_{name}": lower_median([a.cpu_s_per_gb for a in ss])
                                 for m, ss in samples.items()}
-                    summary[f"ring_reads_in_flight_{name}"] = _lower_median(inflight)
+                    summary[f"ring_reads_in_flight_{name}"] = lower_median(inflight)
                     results["summary"] |= summary
                     results["sizes"][name] = {
                         "extent_bytes": size, "objects": len(keys), "raw_depth": raw_depth,
