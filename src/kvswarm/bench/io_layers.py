@@ -20,10 +20,12 @@ submission to reaping).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,6 +50,8 @@ from kvswarm.io import Op
 from kvswarm.io import native as native_io
 from kvswarm.io.raw import cpu_time, run_uring
 from kvswarm.metrics import DriveStats
+from kvswarm.store import KVStore
+from kvswarm.store.shape import BatchShape
 
 LAYERS = ("raw", "raw_span", "ring", "ring_verified", "store")
 
@@ -99,96 +103,115 @@ def ring_read(fds: Sequence[int], ios: Sequence[tuple[int, int]], sums: np.ndarr
     return Sample(nbytes / el / 1e9, got / el, cpu / (nbytes / 1e9)), (got / el) * (lat_sum / got / 1e9)
 
 
+@dataclass(frozen=True)
+class DataSet:
+    """One size's objects as the store wrote them: keys, each one's extent (drive, offset) and checksum,
+    and the store's read shape for them."""
+
+    size: int
+    keys: list[bytes]
+    ios: list[tuple[int, int]]
+    sums: np.ndarray
+    shape: BatchShape
+
+
+def write_data_set(store: KVStore, size: int, nbytes: int, rng: random.Random) -> DataSet:
+    keys = [b"io-layers/%d/%d" % (size, i) for i in range(nbytes // size)]
+    store_write(store, keys, size - HEADER_SIZE, rng)
+    located = store.locate(keys)
+    return DataSet(size, keys, [(e.extents[0].drive, e.extents[0].offset) for e in located],
+                   np.array([e.extents[0].csum for e in located], np.uint64),
+                   store.read_shape(store.object_bytes(size - HEADER_SIZE)))
+
+
+def measure(layer: str, ds: DataSet, store: KVStore, fds: Sequence[int], seconds: float,
+            rng: random.Random) -> tuple[Sample, float | None]:
+    """One timed sample of ``layer`` over ``ds`` (a fresh random order), and for the ring layers the
+    reads it kept in flight."""
+    size, (keys, inflight), depth = ds.size, (ds.shape.keys, ds.shape.inflight), store.queue_depth
+    if layer == "store":
+        return store_read(store, shuffled(ds.keys, rng), size - HEADER_SIZE, keys, inflight, seconds), None
+    if layer in ("ring", "ring_verified"):
+        order = shuffled(range(len(ds.ios)), rng)
+        return ring_read(fds, [ds.ios[j] for j in order], ds.sums[order] if layer == "ring_verified" else None,
+                         size, depth, keys, inflight, seconds)
+    into = None
+    if layer == "raw_span":  # each read into its own buffer, over as many as the store's reads queued
+        span = keys * inflight
+        pool = BufferPool(span * size)
+        pool.populate()
+        into = [pool.view[(j % span) * size:(j % span + 1) * size] for j in range(len(ds.ios))]
+    x = run_uring(fds, shuffled(ds.ios, rng), size, Op.READ, len(fds) * depth, seconds, into=into)
+    return Sample(x.gbps, x.iops, x.cpu_s_per_gb, x.method), None
+
+
 def layers_bench(args: argparse.Namespace, console) -> dict:
     """The layers' samples and ratios per size (see the module's doc)."""
     if not (native_io.enabled() and Drives.native_possible(args)):
         raise KVSwarmError("bench io-layers needs the native read path (kvswarm.io._batchio built, io_uring)")
-    quick, sizes = args.quick, args.sizes
+    quick = args.quick
     seconds = args.seconds or (0.3 if quick else 1.5)
     rounds = args.rounds or (1 if quick else 9)
     rng = random.Random(args.seed)
 
     def data_bytes(size: int) -> int:
-        return (args.data_mib * MiB) if args.data_mib else (64 * MiB if quick else (1024 if size < 64 << 10 else
-                                                                                    2048) * MiB)
+        if args.data_mib:
+            return args.data_mib * MiB
+        return 64 * MiB if quick else (1024 if size < 64 << 10 else 2048) * MiB
 
     ndrives = args.drives or args.dirs
-    drive_bytes = (sum(data_bytes(s) for s in sizes) // ndrives * 11 // 10 + 64 * MiB) // MiB * MiB
-    drives = Drives(args, drive_bytes)
-    console.print(f"[bold]drives[/]: {drives.describe}")
-    results: dict = {"drives": drives.info, "sizes": {}, "summary": {}, "config": {
+    drive_bytes = (sum(data_bytes(s) for s in args.sizes) // ndrives * 11 // 10 + 64 * MiB) // MiB * MiB
+    results: dict = {"sizes": {}, "summary": {}, "config": {
         "seconds": seconds, "rounds": rounds, "layers": list(LAYERS),
         "object_size": "extent on disk; payload = size - 64 B header; every layer counts whole extents "
                        "but the store (payload bytes)"}}
-    try:
+    with contextlib.ExitStack() as stack:
+        drives = Drives(args, drive_bytes)
+        stack.callback(drives.close)
+        console.print(f"[bold]drives[/]: {drives.describe}")
+        results["drives"] = drives.info
         store = drives.open_store("native")
+        stack.callback(store.close)
+        wfds = drives.raw_fds(write=True)
         try:
-            wfds = drives.raw_fds(write=True)
-            try:
-                results["config"]["precondition_s"] = precondition(store, wfds)
-            finally:
-                for fd in wfds:
-                    os.close(fd)
-            depth, runs = store.queue_depth, []
-            for size in sizes:
-                keys = [b"io-layers/%d/%d" % (size, i) for i in range(data_bytes(size) // size)]
-                store_write(store, keys, size - HEADER_SIZE, rng)
-                located = store.locate(keys)
-                ios = [(e.extents[0].drive, e.extents[0].offset) for e in located]
-                sums = np.array([e.extents[0].csum for e in located], np.uint64)
-                runs.append((size, keys, ios, sums, store.read_shape(store.object_bytes(size - HEADER_SIZE))))
-            fds = drives.raw_fds()
-            try:
-                for size, keys, ios, sums, shape in runs:
-                    name = SIZE_NAMES.get(size, f"{size // 1024}k")
-                    raw_depth = ndrives * depth
-                    span = shape.keys * shape.inflight
-                    samples: dict[str, list[Sample]] = {m: [] for m in LAYERS}
-                    inflight: list[float] = []
-                    with console.status(f"layers at {name}: {rounds} rounds of {len(LAYERS)}"):
-                        store_read(store, shuffled(keys, rng), size - HEADER_SIZE, shape.keys, shape.inflight,
-                                   seconds / 2)  # untimed: the store's pool faulted in
-                        for r in range(rounds):
-                            for layer in (LAYERS if r % 2 == 0 else LAYERS[::-1]):
-                                if layer in ("raw", "raw_span"):
-                                    into = None
-                                    if layer == "raw_span":
-                                        pool = BufferPool(span * size)
-                                        pool.populate()
-                                        into = [pool.view[(j % span) * size:(j % span + 1) * size]
-                                                for j in range(len(ios))]
-                                    x = run_uring(fds, shuffled(ios, rng), size, Op.READ, raw_depth, seconds,
-                                                  into=into)
-                                    samples[layer].append(Sample(x.gbps, x.iops, x.cpu_s_per_gb, x.method))
-                                elif layer == "store":
-                                    samples[layer].append(store_read(store, shuffled(keys, rng), size - HEADER_SIZE,
-                                                                     shape.keys, shape.inflight, seconds))
-                                else:
-                                    order = shuffled(range(len(ios)), rng)
-                                    s, held = ring_read(fds, [ios[j] for j in order],
-                                                        sums[order] if layer == "ring_verified" else None, size,
-                                                        depth, shape.keys, shape.inflight, seconds)
-                                    samples[layer].append(s)
-                                    inflight.append(held)
-                    raw = samples["raw"]
-                    summary = {f"layer_ratio_{m}_{name}": lower_median([a.gbps / b.gbps for a, b in zip(ss, raw)])
-                               for m, ss in samples.items() if m != "raw"}
-                    summary |= {f"layer_cpu_s_per_gb_{m}_{name}": lower_median([a.cpu_s_per_gb for a in ss])
-                                for m, ss in samples.items()}
-                    summary[f"ring_reads_in_flight_{name}"] = lower_median(inflight)
-                    results["summary"] |= summary
-                    results["sizes"][name] = {
-                        "extent_bytes": size, "objects": len(keys), "raw_depth": raw_depth,
-                        "store_shape": [shape.keys, shape.inflight], "queue_depth_per_drive": depth,
-                        "raw_span_buffers": span, "samples": {m: [vars(s) for s in ss] for m, ss in samples.items()}}
-            finally:
-                for fd in fds:
-                    os.close(fd)
+            results["config"]["precondition_s"] = precondition(store, wfds)
         finally:
-            store.close()
-    finally:
-        drives.close()
+            for fd in wfds:
+                os.close(fd)
+        data_sets = [write_data_set(store, size, data_bytes(size), rng) for size in args.sizes]
+        fds = drives.raw_fds()
+        for fd in fds:
+            stack.callback(os.close, fd)
+        for ds in data_sets:
+            name = SIZE_NAMES.get(ds.size, f"{ds.size // 1024}k")
+            samples: dict[str, list[Sample]] = {m: [] for m in LAYERS}
+            in_flight: list[float] = []
+            with console.status(f"layers at {name}: {rounds} rounds of {len(LAYERS)}"):
+                store_read(store, shuffled(ds.keys, rng), ds.size - HEADER_SIZE, ds.shape.keys, ds.shape.inflight,
+                           seconds / 2)  # untimed: the store's pool faulted in
+                for r in range(rounds):
+                    for layer in (LAYERS if r % 2 == 0 else LAYERS[::-1]):
+                        sample, held = measure(layer, ds, store, fds, seconds, rng)
+                        samples[layer].append(sample)
+                        if held is not None:
+                            in_flight.append(held)
+            results["summary"] |= _summary(name, samples, in_flight)
+            results["sizes"][name] = {
+                "extent_bytes": ds.size, "objects": len(ds.keys), "raw_depth": ndrives * store.queue_depth,
+                "store_shape": [ds.shape.keys, ds.shape.inflight], "queue_depth_per_drive": store.queue_depth,
+                "raw_span_buffers": ds.shape.keys * ds.shape.inflight,
+                "samples": {m: [vars(s) for s in ss] for m, ss in samples.items()}}
     return results
+
+
+def _summary(name: str, samples: dict[str, list[Sample]], in_flight: list[float]) -> dict[str, float]:
+    """Per layer: the lower median of its per-round ratio to raw, and of its CPU per GB."""
+    raw = samples["raw"]
+    out = {f"layer_ratio_{m}_{name}": lower_median([a.gbps / b.gbps for a, b in zip(ss, raw)])
+           for m, ss in samples.items() if m != "raw"}
+    out |= {f"layer_cpu_s_per_gb_{m}_{name}": lower_median([a.cpu_s_per_gb for a in ss]) for m, ss in samples.items()}
+    out[f"ring_reads_in_flight_{name}"] = lower_median(in_flight)
+    return out
 
 
 def print_layers(results: dict, console) -> None:
