@@ -118,6 +118,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=_backends, default=None,
                    help="store read paths, comma-separated: threads and uring (the Python engines), native "
                         "(kvswarm.io._batchio) (default: each that is available)")
+    add_drive_arguments(p, ["auto", "kernel", "user-space"])
+    p.add_argument("--reopen", type=comma_list(parse_count, allow_empty=True), default=None,
+                   help="object counts for the reopen test, e.g. 100k,1m ('' to skip; default 100k,1m)")
+    p.add_argument("--reopen-via", choices=["store", "catalog"], default=None,
+                   help="build the reopen stores through the store's put path (default) or the catalog only "
+                        "(default with --quick)")
+    p.add_argument("--quick", action="store_true", help="short run (< 1 min): small data, one round")
+    p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) to this path")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_drive_arguments(p: argparse.ArgumentParser, emulations: list[str]) -> None:
+    """The options :class:`Drives` reads: temp directories, or capped emulated drives."""
     p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
                    help="how many temp drive directories to use when not on a testbed (default %(default)s)")
     p.add_argument("--dir", type=existing_dir, default=None,
@@ -128,15 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="testbed per-drive MB/s cap (default: fit disk)")
     p.add_argument("--cap-iops", type=positive_float, default=None,
                    help="testbed per-drive IOPS cap (default: fit disk)")
-    p.add_argument("--emulation", choices=["auto", "kernel", "user-space"], default="auto")
-    p.add_argument("--reopen", type=comma_list(parse_count, allow_empty=True), default=None,
-                   help="object counts for the reopen test, e.g. 100k,1m ('' to skip; default 100k,1m)")
-    p.add_argument("--reopen-via", choices=["store", "catalog"], default=None,
-                   help="build the reopen stores through the store's put path (default) or the catalog only "
-                        "(default with --quick)")
-    p.add_argument("--quick", action="store_true", help="short run (< 1 min): small data, one round")
-    p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) to this path")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--emulation", choices=emulations, default="auto", help="capped drives' emulation")
 
 
 # ---------------------------------------------------------------------------------------------

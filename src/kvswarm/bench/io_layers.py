@@ -29,13 +29,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswarm.argtypes import comma_list, existing_dir, non_negative_int, positive_float, positive_int
+from kvswarm.argtypes import comma_list, positive_float, positive_int
 from kvswarm.bench import write_json
 from kvswarm.bench.io_bench import (
     SIZE_NAMES,
     Drives,
     MiB,
     Sample,
+    add_drive_arguments,
     lower_median,
     parse_size,
     precondition,
@@ -239,15 +240,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=positive_float, default=None,
                    help="seconds per timed sample (default 1.5; quick 0.3)")
     p.add_argument("--rounds", type=positive_int, default=None, help="rounds of every layer (default 9; quick 1)")
-    p.add_argument("--dirs", type=positive_int, default=4, metavar="N",
-                   help="how many temp drive directories to use when not on a testbed (default %(default)s)")
-    p.add_argument("--dir", type=existing_dir, default=None,
-                   help="existing directory to make the temp drive directories in (default: system temp)")
-    p.add_argument("--drives", type=non_negative_int, default=0, help="run on N emulated capped drives")
-    p.add_argument("--cap-mbps", type=positive_float, default=None, help="testbed per-drive MB/s cap")
-    p.add_argument("--cap-iops", type=positive_float, default=None, help="testbed per-drive IOPS cap")
-    p.add_argument("--emulation", choices=["auto", "kernel"], default="auto",
-                   help="capped drives' emulation (the native ring takes no user-space pacing)")
+    add_drive_arguments(p, ["auto", "kernel"])  # the native ring takes no user-space pacing
     p.add_argument("--quick", action="store_true", help="short run: small data, one round")
     p.add_argument("--json", default=None, help="write results (with a 'summary' of numbers) to this path")
     p.add_argument("--seed", type=int, default=0)
